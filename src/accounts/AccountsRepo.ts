@@ -1,0 +1,231 @@
+import { SqlClient } from "@effect/sql"
+import { Context, Effect, Layer } from "effect"
+import * as Crypto from "node:crypto"
+import { generateKey, hashKey, keyPrefixOf, LEGACY_PREFIX, open, randomBase62, seal } from "../auth/KeyMaterial.js"
+import { Settings } from "../config/Live.js"
+
+export const ACCOUNT_STATUSES = ["active", "unlinked", "revoked"] as const
+export type AccountStatus = (typeof ACCOUNT_STATUSES)[number]
+
+export interface AccountRow {
+  readonly id: string
+  readonly display_id: number
+  readonly username: string
+  readonly display_name: string
+  readonly community_id: string | null
+  readonly community_type: string | null
+  readonly email: string | null
+  readonly email_verified_at: Date | null
+  readonly status: string
+  readonly is_guest: boolean
+  readonly guest_expires_at: Date | null
+  readonly is_admin: boolean
+  readonly is_legacy: boolean
+  readonly needs_migration: boolean
+  readonly plan: string | null
+  readonly sfw_mode: boolean
+  readonly byok_fallback_override: boolean | null
+  readonly created_at: Date
+  readonly last_used_at: Date | null
+  readonly last_rotated_at: Date | null
+  readonly liveness_blocked_at: Date | null
+  readonly next_liveness_at: Date | null
+  readonly password_changed_at: Date | null
+  readonly last_nick_changed_at: Date | null
+}
+
+export interface KeyRow {
+  readonly id: number
+  readonly account_id: string
+  readonly label: string
+  readonly key_hash: string
+  readonly key_prefix: string | null
+  readonly ciphertext: string | null
+  readonly legacy: boolean
+  readonly created_at: Date
+  readonly last_used_at: Date | null
+  readonly revoked_at: Date | null
+}
+
+export interface NewAccount {
+  readonly username: string
+  readonly displayName: string
+  readonly communityId?: string | undefined
+  readonly communityType?: string | undefined
+  readonly email?: string | undefined
+  readonly emailVerified?: boolean | undefined
+  readonly status?: AccountStatus | undefined
+  readonly isLegacy?: boolean | undefined
+  readonly isAdmin?: boolean | undefined
+  readonly isGuest?: boolean | undefined
+  readonly guestExpiresAt?: Date | undefined
+  readonly needsMigration?: boolean | undefined
+  readonly plan?: string | undefined
+}
+
+export const DEFAULT_KEY_LABEL = "새 키"
+export const ROTATED_KEY_LABEL = "기본"
+export const MAX_ACTIVE_KEYS = 5
+export const truncateLabel = (label: string): string => Array.from(label).slice(0, 40).join("")
+
+const keyAad = (id: number) => `api_key:${id}`
+
+export class AccountsRepo extends Context.Tag("wellspring/accounts/AccountsRepo")<AccountsRepo, {
+  readonly createAccount: (input: NewAccount) => Effect.Effect<AccountRow>
+  readonly findAccount: (id: string) => Effect.Effect<AccountRow | null>
+  readonly findAccountByUsername: (username: string) => Effect.Effect<AccountRow | null>
+  readonly setStatus: (id: string, status: AccountStatus) => Effect.Effect<boolean>
+  readonly setSfw: (id: string, on: boolean) => Effect.Effect<boolean>
+  /** Issues a key; `legacy` issues a `ws-` key (operator use). Returns the plaintext once. */
+  readonly createKey: (accountId: string, label: string, options?: { readonly legacy?: boolean }) => Effect.Effect<{
+    readonly key: string
+    readonly row: KeyRow
+  }>
+  readonly listActiveKeys: (accountId: string) => Effect.Effect<ReadonlyArray<KeyRow>>
+  readonly countActiveKeys: (accountId: string) => Effect.Effect<number>
+  /** Revokes one of the account's active keys; returns the revoked row or null. */
+  readonly revokeKey: (accountId: string, keyId: number) => Effect.Effect<KeyRow | null>
+  readonly revokeKeyById: (keyId: number) => Effect.Effect<KeyRow | null>
+  /** Revokes every active key, issues one labelled `기본`, stamps last_rotated_at. One transaction. */
+  readonly rotate: (accountId: string) => Effect.Effect<{ readonly key: string; readonly revoked: ReadonlyArray<KeyRow> }>
+  readonly findActiveKeyByHash: (hash: string) => Effect.Effect<{ readonly key: KeyRow; readonly account: AccountRow } | null>
+  /** Plaintext of a revealable key, or null. */
+  readonly reveal: (row: KeyRow) => string | null
+  readonly touchKeys: (touches: ReadonlyArray<{ readonly keyId: number; readonly at: Date }>) => Effect.Effect<void>
+  readonly audit: (accountId: string, action: string, target: string | null, meta?: Record<string, unknown>) => Effect.Effect<void>
+  readonly createSession: (accountId: string, ttlHours: number) => Effect.Effect<string>
+  readonly findSession: (token: string) => Effect.Effect<AccountRow | null>
+}>() {}
+
+export const make = Effect.gen(function*() {
+  const sql = yield* SqlClient.SqlClient
+  const settings = yield* Settings
+  const prefix = settings.config.key_prefix
+  const kek = settings.encryptionKey
+
+  const orDie = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.orDie(effect)
+
+  const findAccount = (id: string) =>
+    orDie(sql<AccountRow>`SELECT * FROM accounts WHERE id = ${id}`).pipe(Effect.map((rows) => rows[0] ?? null))
+
+  const insertKey = (accountId: string, label: string, legacy: boolean) =>
+    Effect.gen(function*() {
+      const key = legacy ? LEGACY_PREFIX + randomBase62() : generateKey(prefix)
+      const [{ id }] = (yield* sql<{ id: number }>`SELECT nextval('api_keys_id_seq')::int AS id`) as unknown as [
+        { id: number }
+      ]
+      // Legacy keys are never revealable; current-prefix keys only when a key-encryption key exists.
+      const ciphertext = !legacy && kek ? seal(kek, key, keyAad(id)) : null
+      const rows = yield* sql<KeyRow>`
+        INSERT INTO api_keys (id, account_id, label, key_hash, key_prefix, ciphertext, legacy)
+        VALUES (${id}, ${accountId}, ${truncateLabel(label)}, ${hashKey(key)}, ${keyPrefixOf(key)}, ${ciphertext}, ${legacy})
+        RETURNING *`
+      return { key, row: rows[0]! }
+    })
+
+  return AccountsRepo.of({
+    createAccount: (input) =>
+      orDie(sql<AccountRow>`
+        INSERT INTO accounts ${
+        sql.insert({
+          id: `acc_${Crypto.randomBytes(10).toString("hex")}`,
+          username: input.username,
+          display_name: input.displayName,
+          community_id: input.communityId ?? null,
+          community_type: input.communityType ?? null,
+          email: input.email ?? null,
+          email_verified_at: input.email && input.emailVerified !== false ? new Date() : null,
+          status: input.status ?? "active",
+          is_legacy: input.isLegacy ?? false,
+          is_admin: input.isAdmin ?? false,
+          is_guest: input.isGuest ?? false,
+          guest_expires_at: input.guestExpiresAt ?? null,
+          needs_migration: input.needsMigration ?? false,
+          plan: input.plan ?? null
+        })
+      } RETURNING *`).pipe(Effect.map((rows) => rows[0]!)),
+    findAccount,
+    findAccountByUsername: (username) =>
+      orDie(sql<AccountRow>`SELECT * FROM accounts WHERE username = ${username}`).pipe(
+        Effect.map((rows) => rows[0] ?? null)
+      ),
+    setStatus: (id, status) =>
+      orDie(sql`UPDATE accounts SET status = ${status} WHERE id = ${id} RETURNING id`).pipe(
+        Effect.map((rows) => rows.length > 0)
+      ),
+    setSfw: (id, on) =>
+      orDie(sql`UPDATE accounts SET sfw_mode = ${on} WHERE id = ${id} RETURNING id`).pipe(
+        Effect.map((rows) => rows.length > 0)
+      ),
+    createKey: (accountId, label, options) => orDie(insertKey(accountId, label, options?.legacy ?? false)),
+    listActiveKeys: (accountId) =>
+      orDie(sql<KeyRow>`
+        SELECT * FROM api_keys WHERE account_id = ${accountId} AND revoked_at IS NULL ORDER BY created_at, id`),
+    countActiveKeys: (accountId) =>
+      orDie(sql<{ n: number }>`
+        SELECT count(*)::int AS n FROM api_keys WHERE account_id = ${accountId} AND revoked_at IS NULL`).pipe(
+        Effect.map((rows) => rows[0]?.n ?? 0)
+      ),
+    revokeKey: (accountId, keyId) =>
+      orDie(sql<KeyRow>`
+        UPDATE api_keys SET revoked_at = now()
+        WHERE id = ${keyId} AND account_id = ${accountId} AND revoked_at IS NULL RETURNING *`).pipe(
+        Effect.map((rows) => rows[0] ?? null)
+      ),
+    revokeKeyById: (keyId) =>
+      orDie(sql<KeyRow>`
+        UPDATE api_keys SET revoked_at = now() WHERE id = ${keyId} AND revoked_at IS NULL RETURNING *`).pipe(
+        Effect.map((rows) => rows[0] ?? null)
+      ),
+    rotate: (accountId) =>
+      orDie(sql.withTransaction(Effect.gen(function*() {
+        const revoked = yield* sql<KeyRow>`
+          UPDATE api_keys SET revoked_at = now()
+          WHERE account_id = ${accountId} AND revoked_at IS NULL RETURNING *`
+        const { key } = yield* insertKey(accountId, ROTATED_KEY_LABEL, false)
+        yield* sql`UPDATE accounts SET last_rotated_at = now() WHERE id = ${accountId}`
+        return { key, revoked }
+      }))),
+    findActiveKeyByHash: (hash) =>
+      orDie(Effect.gen(function*() {
+        const keys = yield* sql<KeyRow>`SELECT * FROM api_keys WHERE key_hash = ${hash} AND revoked_at IS NULL`
+        const key = keys[0]
+        if (!key) return null
+        const account = yield* findAccount(key.account_id)
+        return account ? { key, account } : null
+      })),
+    reveal: (row) => (row.ciphertext && kek ? open(kek, row.ciphertext, keyAad(row.id)) : null),
+    touchKeys: (touches) =>
+      touches.length === 0 ? Effect.void : orDie(Effect.gen(function*() {
+        yield* Effect.forEach(touches, (t) => sql`UPDATE api_keys SET last_used_at = ${t.at} WHERE id = ${t.keyId}`, {
+          discard: true
+        })
+        const ids = touches.map((t) => t.keyId)
+        yield* sql`
+          UPDATE accounts SET last_used_at = now()
+          WHERE id IN (SELECT account_id FROM api_keys WHERE id IN ${sql.in(ids)})`
+      })),
+    audit: (accountId, action, target, meta) =>
+      orDie(sql`
+        INSERT INTO audit_log (account_id, action, target, meta)
+        VALUES (${accountId}, ${action}, ${target}, ${meta ? JSON.stringify(meta) : null}::jsonb)`).pipe(
+        Effect.asVoid
+      ),
+    createSession: (accountId, ttlHours) =>
+      orDie(Effect.gen(function*() {
+        const token = randomBase62(48)
+        yield* sql`
+          INSERT INTO sessions (token_hash, account_id, expires_at)
+          VALUES (${hashKey(token)}, ${accountId}, now() + ${`${ttlHours} hours`}::interval)`
+        return token
+      })),
+    findSession: (token) =>
+      orDie(sql<AccountRow>`
+        SELECT a.* FROM sessions s JOIN accounts a ON a.id = s.account_id
+        WHERE s.token_hash = ${hashKey(token)} AND s.revoked_at IS NULL AND s.expires_at > now()`).pipe(
+        Effect.map((rows) => rows[0] ?? null)
+      )
+  })
+})
+
+export const layer = Layer.effect(AccountsRepo, make)

@@ -1,0 +1,153 @@
+import { SqlClient } from "@effect/sql"
+import { PgClient } from "@effect/sql-pg"
+import { Clock, Context, Duration, Effect, Layer, Option, Schedule, Stream } from "effect"
+import { type AccountRow, AccountsRepo, type KeyRow } from "../accounts/AccountsRepo.js"
+import { Settings } from "../config/Live.js"
+import { fail, type GatewayError } from "../errors/Catalog.js"
+import { hashKey, isWellFormed } from "./KeyMaterial.js"
+
+export interface Caller {
+  readonly account: AccountRow
+  /** The key used, or null for a cookie session. */
+  readonly key: KeyRow | null
+}
+
+interface CacheEntry {
+  readonly caller: Caller | null
+  readonly expiresAt: number
+}
+
+/** Channel on which key and account changes are announced to every replica. */
+export const INVALIDATION_CHANNEL = "wellspring_auth"
+
+const POSITIVE_TTL_MS = 60_000
+const NEGATIVE_TTL_MS = 5_000
+const TOUCH_EVERY_MS = 60_000
+
+export class Auth extends Context.Tag("wellspring/auth/Auth")<Auth, {
+  /** Resolves a bearer key through the cache; 401 `invalid_api_key` otherwise. */
+  readonly authenticateKey: (authorization: string | undefined) => Effect.Effect<Caller, GatewayError>
+  /** Resolves a `ws-session` cookie token; null when absent or unknown. */
+  readonly authenticateSession: (token: string) => Effect.Effect<Caller | null>
+  /** Drops cached entries of these key hashes (and announces it to other replicas). */
+  readonly invalidateKeys: (hashes: ReadonlyArray<string>) => Effect.Effect<void>
+  /** Drops cached entries of an account (status or profile change). */
+  readonly invalidateAccount: (accountId: string) => Effect.Effect<void>
+  /** 403 gates for spending endpoints, in the spec's order. */
+  readonly gate: (caller: Caller, headers: Readonly<Record<string, string | undefined>>) => Effect.Effect<void, GatewayError>
+  /** Pending last-used stamps are written now (shutdown, tests). */
+  readonly flushTouches: Effect.Effect<void>
+}>() {}
+
+export const bearerToken = (authorization: string | undefined): string | null => {
+  if (!authorization) return null
+  const match = /^Bearer\s+(\S+)\s*$/i.exec(authorization)
+  return match ? match[1]! : null
+}
+
+export const make = Effect.gen(function*() {
+  const repo = yield* AccountsRepo
+  const settings = yield* Settings
+  const pg = yield* Effect.serviceOption(PgClient.PgClient)
+  const { config } = settings
+  const cache = new Map<string, CacheEntry>()
+  const lastTouch = new Map<number, number>()
+  let pendingTouches: Array<{ keyId: number; at: Date }> = []
+
+  const dropLocal = (message: string) => {
+    if (message.startsWith("key:")) cache.delete(message.slice(4))
+    else if (message.startsWith("account:")) {
+      const id = message.slice(8)
+      for (const [hash, entry] of cache) if (entry.caller?.account.id === id) cache.delete(hash)
+    }
+  }
+
+  const announce = (message: string) =>
+    Effect.sync(() => dropLocal(message)).pipe(
+      Effect.zipRight(
+        Option.match(pg, {
+          onNone: () => Effect.void,
+          onSome: (client) => client.notify(INVALIDATION_CHANNEL, message).pipe(Effect.ignore)
+        })
+      )
+    )
+
+  // Other replicas' announcements. Embedded mode runs one process, so local invalidation is enough.
+  if (Option.isSome(pg) && !settings.embedded) {
+    yield* pg.value.listen(INVALIDATION_CHANNEL).pipe(
+      Stream.runForEach((message) => Effect.sync(() => dropLocal(message))),
+      Effect.catchAll((error) => Effect.logWarning("auth invalidation listener failed", error)),
+      Effect.repeat(Schedule.spaced(Duration.seconds(1))),
+      Effect.forkScoped
+    )
+  }
+
+  const flushTouches = Effect.suspend(() => {
+    const batch = pendingTouches
+    pendingTouches = []
+    return repo.touchKeys(batch)
+  })
+  yield* flushTouches.pipe(Effect.repeat(Schedule.spaced(Duration.seconds(5))), Effect.forkScoped)
+  yield* Effect.addFinalizer(() => flushTouches)
+
+  const touch = (key: KeyRow, now: number) => {
+    const last = lastTouch.get(key.id) ?? (key.last_used_at ? key.last_used_at.getTime() : 0)
+    if (now - last < TOUCH_EVERY_MS) return
+    lastTouch.set(key.id, now)
+    pendingTouches.push({ keyId: key.id, at: new Date(now) })
+  }
+
+  const authenticateKey = (authorization: string | undefined): Effect.Effect<Caller, GatewayError> => {
+    const token = bearerToken(authorization)
+    if (token === null || !isWellFormed(token, config.key_prefix)) return Effect.fail(fail("invalid_api_key"))
+    const hash = hashKey(token)
+    return Clock.currentTimeMillis.pipe(Effect.flatMap((now) => {
+      const hit = cache.get(hash)
+      if (hit && hit.expiresAt > now) {
+        if (hit.caller === null) return Effect.fail(fail("invalid_api_key"))
+        touch(hit.caller.key!, now)
+        return Effect.succeed(hit.caller)
+      }
+      return repo.findActiveKeyByHash(hash).pipe(Effect.flatMap((found) => {
+        const caller: Caller | null = found ? { account: found.account, key: found.key } : null
+        cache.set(hash, { caller, expiresAt: now + (caller ? POSITIVE_TTL_MS : NEGATIVE_TTL_MS) })
+        if (caller === null) return Effect.fail(fail("invalid_api_key"))
+        touch(caller.key!, now)
+        return Effect.succeed(caller)
+      }))
+    }))
+  }
+
+  const gate = (caller: Caller, headers: Readonly<Record<string, string | undefined>>) =>
+    Effect.suspend(() => {
+      const lock = config.access.region_lock
+      if (lock.enabled) {
+        const country = headers[lock.header.toLowerCase()]?.toUpperCase()
+        if (!country || !lock.allowed_countries.some((c) => c.toUpperCase() === country)) {
+          return Effect.fail(fail("geo_restricted"))
+        }
+      }
+      const account = caller.account
+      if (account.status !== "active") return Effect.fail(fail("account_unlinked"))
+      if (account.is_legacy && account.needs_migration) return Effect.fail(fail("legacy_account_upgrade_required"))
+      if (account.is_guest && account.guest_expires_at && account.guest_expires_at.getTime() <= Date.now()) {
+        return Effect.fail(fail("guest_expired"))
+      }
+      if (config.access.email_enforcement && !account.email_verified_at) return Effect.fail(fail("email_required"))
+      return Effect.void
+    })
+
+  return Auth.of({
+    authenticateKey,
+    authenticateSession: (token) =>
+      repo.findSession(token).pipe(Effect.map((account) => (account ? { account, key: null } : null))),
+    invalidateKeys: (hashes) => Effect.forEach(hashes, (hash) => announce(`key:${hash}`), { discard: true }),
+    invalidateAccount: (accountId) => announce(`account:${accountId}`),
+    gate,
+    flushTouches
+  })
+})
+
+export const layer = Layer.scoped(Auth, make)
+
+export type { SqlClient }

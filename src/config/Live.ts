@@ -1,0 +1,113 @@
+import { Context, Duration, Effect, Layer, Redacted, Schedule, Stream, SubscriptionRef } from "effect"
+import * as Crypto from "node:crypto"
+import * as Fs from "node:fs"
+import * as Path from "node:path"
+import { decodeEncryptionKey } from "../auth/KeyMaterial.js"
+import type { Catalog, GatewayConfig, ModelConfig, PlanConfig } from "./GatewayConfig.js"
+import { readCatalogFile } from "./GatewayConfig.js"
+
+/** Static settings decided at boot. */
+export class Settings extends Context.Tag("wellspring/config/Settings")<Settings, {
+  readonly config: GatewayConfig
+  /** Path of the config file, watched for catalog changes. */
+  readonly path: string
+  /** Key-encryption key; null disables key reveal and BYOK. */
+  readonly encryptionKey: Buffer | null
+  readonly embedded: boolean
+  readonly planFor: (name: string | null) => PlanConfig
+}>() {}
+
+/** An indexed, immutable view of one catalog version. */
+export interface CatalogView {
+  readonly catalog: Catalog
+  readonly version: number
+  readonly byId: ReadonlyMap<string, ModelConfig>
+  /** Enabled models, in file order. */
+  readonly listed: ReadonlyArray<ModelConfig>
+}
+
+export const indexCatalog = (catalog: Catalog, version: number): CatalogView => ({
+  catalog,
+  version,
+  byId: new Map(catalog.models.map((m) => [m.id, m])),
+  listed: catalog.models.filter((m) => !m.disabled)
+})
+
+export class LiveCatalog extends Context.Tag("wellspring/config/LiveCatalog")<LiveCatalog, {
+  /** Synchronous read for the hot path. */
+  readonly current: () => CatalogView
+  readonly changes: Stream.Stream<CatalogView>
+  /** Re-reads the file now; false when the new file was rejected. */
+  readonly reload: Effect.Effect<boolean>
+}>() {}
+
+const fingerprint = (path: string): string | null => {
+  try {
+    const stat = Fs.statSync(path)
+    return `${stat.mtimeMs}:${stat.size}:${Crypto.createHash("sha1").update(Fs.readFileSync(path)).digest("hex")}`
+  } catch {
+    return null
+  }
+}
+
+/**
+ * Polls the config file every `catalog_reload_seconds` (on the Effect clock, so TestClock drives it).
+ * A changed, valid catalog replaces the current one; an invalid edit keeps the previous catalog and logs why.
+ */
+export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.DurationInput) =>
+  Effect.gen(function*() {
+    let view = indexCatalog(initial, 1)
+    let seen = fingerprint(path)
+    let lastRejection = ""
+    const ref = yield* SubscriptionRef.make(view)
+    const reload = Effect.suspend(() => {
+      const print = fingerprint(path)
+      if (print === null || print === seen) return Effect.succeed(true)
+      seen = print
+      try {
+        const next = indexCatalog(readCatalogFile(path), view.version + 1)
+        view = next
+        lastRejection = ""
+        return SubscriptionRef.set(ref, next).pipe(
+          Effect.zipRight(Effect.logInfo("catalog reloaded").pipe(
+            Effect.annotateLogs({ version: next.version, models: next.catalog.models.length })
+          )),
+          Effect.as(true)
+        )
+      } catch (error) {
+        const why = (error as Error).message
+        const log = why === lastRejection
+          ? Effect.void
+          : Effect.logWarning("catalog reload rejected; keeping previous catalog").pipe(Effect.annotateLogs({ why }))
+        lastRejection = why
+        return Effect.as(log, false)
+      }
+    })
+    yield* reload.pipe(Effect.repeat(Schedule.spaced(every)), Effect.forkScoped)
+    return LiveCatalog.of({ current: () => view, changes: ref.changes, reload })
+  })
+
+const loadOrCreateKey = (config: GatewayConfig): Buffer | null => {
+  if (config.encryption_key) return decodeEncryptionKey(Redacted.value(config.encryption_key))
+  if (config.database_url) return null
+  const file = Path.resolve(config.data_dir, "encryption.key")
+  if (Fs.existsSync(file)) return decodeEncryptionKey(Fs.readFileSync(file, "utf8").trim())
+  Fs.mkdirSync(config.data_dir, { recursive: true })
+  const key = Crypto.randomBytes(32)
+  Fs.writeFileSync(file, key.toString("base64") + "\n", { mode: 0o600 })
+  return key
+}
+
+export const makeSettings = (config: GatewayConfig, path: string): Context.Tag.Service<Settings> => ({
+  config,
+  path,
+  encryptionKey: loadOrCreateKey(config),
+  embedded: !config.database_url,
+  planFor: (name) => config.plans[name ?? config.default_plan] ?? config.plans[config.default_plan]!
+})
+
+export const layer = (config: GatewayConfig, path: string) =>
+  Layer.merge(
+    Layer.sync(Settings, () => makeSettings(config, path)),
+    Layer.scoped(LiveCatalog, makeLiveCatalog(path, config.catalog, Duration.seconds(config.catalog_reload_seconds)))
+  )

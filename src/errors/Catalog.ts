@@ -1,0 +1,113 @@
+import { Data } from "effect"
+
+export type ErrorType =
+  | "invalid_request_error"
+  | "rate_limit_error"
+  | "rate_limit_exceeded"
+  | "quota_exceeded"
+  | "access_denied"
+  | "overloaded_error"
+  | "server_error"
+  | "service_unavailable"
+  | "not_found_error"
+
+interface Entry {
+  readonly status: number
+  readonly type: ErrorType
+  /** The `code` on the wire; null where the spec shows none. */
+  readonly wire: string | null
+  /** Korean user-facing message. */
+  readonly message: string
+}
+
+const entry = (status: number, type: ErrorType, message: string, wire: string | null = "SAME"): Entry => ({
+  status,
+  type,
+  wire,
+  message
+})
+
+/**
+ * The code catalog. Keys are internal names; `wire` is what clients see in `code`
+ * ("SAME" means the key itself). Every code of the spec's Errors section is here.
+ */
+const raw = {
+  // chat completions 400
+  invalid_json: entry(400, "invalid_request_error", "요청 본문이 올바른 JSON이 아닙니다."),
+  invalid_messages: entry(400, "invalid_request_error", "messages 형식이 올바르지 않습니다."),
+  invalid_request: entry(400, "invalid_request_error", "요청 형식이 올바르지 않습니다."),
+  model_not_found: entry(400, "invalid_request_error", "존재하지 않는 모델입니다. GET /v1/models 로 목록을 확인하세요."),
+  model_not_chat: entry(400, "invalid_request_error", "임베딩 전용 모델입니다. /v1/embeddings 를 사용하세요."),
+  model_not_embedding: entry(400, "invalid_request_error", "임베딩을 지원하지 않는 모델입니다."),
+  input_too_long: entry(400, "invalid_request_error", "입력이 모델의 최대 입력 토큰 수를 초과했습니다."),
+  invalid_reasoning_effort: entry(400, "invalid_request_error", "이 모델에서 허용되지 않는 reasoning_effort 값입니다."),
+  tools_not_supported: entry(400, "invalid_request_error", "이 모델은 도구 호출(tools)을 지원하지 않습니다."),
+  images_not_supported: entry(400, "invalid_request_error", "이 모델은 이미지 입력을 지원하지 않습니다."),
+  // auth
+  invalid_api_key: entry(401, "invalid_request_error", "API 키가 없거나 올바르지 않거나 폐기되었습니다."),
+  unauthorized: entry(401, "invalid_request_error", "로그인 세션 또는 API 키가 필요합니다.", null),
+  geo_restricted: entry(403, "access_denied", "현재 지역에서는 서비스를 이용할 수 없습니다."),
+  account_unlinked: entry(403, "access_denied", "커뮤니티 계정 재인증이 필요합니다."),
+  legacy_account_upgrade_required: entry(403, "access_denied", "레거시 계정입니다. 계정 업그레이드가 필요합니다."),
+  guest_expired: entry(403, "access_denied", "게스트 이용 기간이 만료되었습니다."),
+  email_required: entry(403, "access_denied", "이메일 인증이 필요합니다."),
+  // admission
+  rate_limited: entry(429, "rate_limit_error", "분당 요청 한도를 초과했습니다. 잠시 후 다시 시도하세요."),
+  abuse_cooldown: entry(429, "rate_limit_error", "짧은 시간에 요청이 너무 많아 일시적으로 제한되었습니다."),
+  session_exhausted: entry(429, "quota_exceeded", "세션 사용량을 모두 소진했습니다. 초기화 시각 이후 다시 시도하세요."),
+  weekly_exhausted: entry(429, "quota_exceeded", "주간 사용량을 모두 소진했습니다. 초기화 시각 이후 다시 시도하세요."),
+  model_quota_exceeded: entry(429, "quota_exceeded", "이 모델의 일일 공용 한도가 소진되었습니다. 오전 9시(KST)에 초기화됩니다."),
+  model_overloaded: entry(529, "overloaded_error", "모델이 혼잡합니다. 5초 후 다시 시도하세요."),
+  // upstream and service
+  upstream_error: entry(500, "server_error", "모델 서버에서 오류가 발생했습니다."),
+  upstream_rejected: entry(500, "server_error", "모델 서버가 요청을 거부했습니다."),
+  internal_error: entry(500, "server_error", "내부 오류가 발생했습니다."),
+  service_unavailable: entry(503, "service_unavailable", "서비스를 일시적으로 사용할 수 없습니다."),
+  upstream_timeout: entry(503, "service_unavailable", "모델 서버 응답 시간이 초과되었습니다."),
+  upstream_rate_limited: entry(503, "service_unavailable", "모델 서버가 혼잡합니다. 잠시 후 다시 시도하세요."),
+  not_found: entry(404, "not_found_error", "요청한 경로를 찾을 수 없습니다."),
+  // account endpoints
+  key_cap_reached: entry(400, "invalid_request_error", "활성 API 키 최대 개수에 도달했습니다."),
+  invalid_id: entry(400, "invalid_request_error", "id는 양의 정수여야 합니다.", null),
+  key_not_found: entry(404, "not_found_error", "키를 찾을 수 없습니다.", null),
+  key_not_revealable: entry(409, "invalid_request_error", "이 키는 원문을 확인할 수 없습니다."),
+  rotate_cooldown: entry(429, "rate_limit_exceeded", "키 재발급은 60초에 한 번만 가능합니다.", null),
+  invalid_range: entry(400, "invalid_request_error", "range 값이 올바르지 않습니다.", null),
+  account_not_found: entry(404, "not_found_error", "계정을 찾을 수 없습니다.", null),
+  byok_disabled: entry(403, "access_denied", "BYOK 기능을 사용할 수 없습니다."),
+  byok_credential_missing: entry(400, "invalid_request_error", "사용할 수 없는 자격 증명 요청입니다."),
+  byok_credential_conflict: entry(400, "invalid_request_error", "자격 증명 개수 한도에 도달했거나 이미 사용 중인 라벨입니다."),
+  byok_upstream_error: entry(501, "server_error", "이 제공자는 해당 기능을 지원하지 않습니다.")
+} as const satisfies Record<string, Entry>
+
+export type Code = keyof typeof raw
+
+export const Catalog: { readonly [K in Code]: Entry } = Object.fromEntries(
+  Object.entries(raw).map(([code, e]) => [code, { ...e, wire: e.wire === "SAME" ? code : e.wire }])
+) as { readonly [K in Code]: Entry }
+
+export const codes = Object.keys(Catalog) as ReadonlyArray<Code>
+
+/**
+ * The one typed error of the gateway. `code` selects status, type and the default Korean message.
+ * `message` overrides the text (e.g. to list allowed values); `resetsAt` (epoch ms) is rendered as
+ * `resets_at`; `retryAfter` (seconds) becomes a `Retry-After` header.
+ */
+export class GatewayError extends Data.TaggedError("GatewayError")<{
+  readonly code: Code
+  readonly message?: string
+  readonly resetsAt?: number
+  readonly retryAfter?: number
+  /** Internal detail for logs only; never rendered. */
+  readonly detail?: string
+}> {
+  get status(): number {
+    return Catalog[this.code].status
+  }
+  get userMessage(): string {
+    return this.message || Catalog[this.code].message
+  }
+}
+
+export const fail = (code: Code, extra: Omit<ConstructorParameters<typeof GatewayError>[0], "code"> = {}) =>
+  new GatewayError({ code, ...extra })

@@ -1,0 +1,37 @@
+import { HttpRouter, HttpServerRequest } from "@effect/platform"
+import { Effect } from "effect"
+import { Auth } from "../auth/Auth.js"
+import type { ModelConfig } from "../config/GatewayConfig.js"
+import { LiveCatalog } from "../config/Live.js"
+import { renderInference } from "../errors/Render.js"
+import { handle, json } from "../http/Respond.js"
+
+/** The spec's Model entry, exactly these fields. */
+export const modelEntry = (m: ModelConfig) => ({
+  id: m.id,
+  object: "model" as const,
+  created: m.created,
+  owned_by: m.owned_by,
+  supports_tools: m.supports_tools,
+  supports_reasoning: m.supports_reasoning,
+  supports_images: m.supports_images,
+  supports_embeddings: m.supports_embeddings,
+  max_output_tokens: m.max_output_tokens,
+  max_input_tokens: m.max_input_tokens,
+  rate_limit_rpm: m.rate_limit_rpm
+})
+
+export const listModels = HttpRouter.get(
+  "/v1/models",
+  Effect.gen(function*() {
+    const request = yield* HttpServerRequest.HttpServerRequest
+    const auth = yield* Auth
+    const catalog = yield* LiveCatalog
+    return yield* handle(
+      renderInference,
+      auth.authenticateKey(request.headers.authorization).pipe(
+        Effect.map(() => json({ object: "list", data: catalog.current().listed.map(modelEntry) }))
+      )
+    )
+  })
+)

@@ -1,0 +1,43 @@
+import { NodeRuntime } from "@effect/platform-node"
+import { Effect, Layer } from "effect"
+import { appLayer, bootstrapDevAccount } from "./App.js"
+import { ConfigLoadError, loadConfig, parseFlags } from "./config/GatewayConfig.js"
+import { BoundListeners } from "./http/Server.js"
+
+const boot = () => {
+  try {
+    return loadConfig({ flags: parseFlags(process.argv.slice(2)) })
+  } catch (error) {
+    if (error instanceof ConfigLoadError) {
+      process.stderr.write(`wellspring: ${error.message}\n`)
+      process.exit(2)
+    }
+    throw error
+  }
+}
+
+const { config, path } = boot()
+const started = performance.now()
+
+const program = Effect.gen(function*() {
+  const key = yield* bootstrapDevAccount
+  const { listeners } = yield* BoundListeners
+  for (const l of listeners) {
+    yield* Effect.logInfo(`listening on http://${l.host}:${l.port} (${l.origins.join(", ")})`)
+  }
+  yield* Effect.logInfo(`ready in ${Math.round(performance.now() - started)} ms`).pipe(
+    Effect.annotateLogs({ mode: config.database_url ? "production" : "embedded" })
+  )
+  if (key) {
+    // Printed once, on the first start only.
+    process.stdout.write("\nDev account created; its key is shown only this once:\n")
+    process.stdout.write(`API key: ${key}\n\n`)
+  }
+  return yield* Effect.never
+})
+
+program.pipe(
+  Effect.provide(Layer.orDie(appLayer(config, path))),
+  Effect.tapErrorCause((cause) => Effect.logError("gateway stopped", cause)),
+  NodeRuntime.runMain
+)
