@@ -6,13 +6,26 @@ import * as Auth from "./auth/Auth.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
 import * as Server from "./http/Server.js"
+import { chatCompletions } from "./inference/Chat.js"
+import { embeddings } from "./inference/Embeddings.js"
+import { me, usage } from "./inference/IdentityRoutes.js"
 import { listModels } from "./inference/ModelsRoute.js"
+import { openApiRoute } from "./inference/OpenApi.js"
+import type { Admission } from "./quota/Admission.js"
 import * as Sql from "./store/Sql.js"
+import * as RequestLog from "./telemetry/RequestLog.js"
+import * as Upstreams from "./upstream/Upstreams.js"
 
-export const inferenceRouter = HttpRouter.empty.pipe(listModels)
+export const inferenceRouter = HttpRouter.empty.pipe(
+  chatCompletions,
+  embeddings,
+  listModels,
+  me,
+  usage,
+  openApiRoute
+)
 export const accountRouter = HttpRouter.empty
 export const statusRouter = HttpRouter.empty
-
 
 /** Creates the dev account and prints its key, only when the database has no account yet. */
 export const bootstrapDevAccount = Effect.gen(function*() {
@@ -35,14 +48,37 @@ export const bootstrapDevAccount = Effect.gen(function*() {
   return key
 })
 
-/** Everything except the HTTP listeners: config, storage, services. */
-export const servicesLayer = (config: GatewayConfig, configPath: string) => {
-  const settings = Live.layer(config, configPath)
-  const sql = Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir })
-  const repo = AccountsRepo.layer
-  const auth = Auth.layer
-  return Layer.provideMerge(auth, Layer.provideMerge(repo, Layer.merge(settings, sql)))
+const upstreamsLayer = Upstreams.layerEffect(
+  Effect.map(Live.LiveCatalog, (live) => Effect.sync(() => live.current().catalog.providers))
+)
+
+export interface AppOptions {
+  /** Replaces the admission engine chosen from config (tests). */
+  readonly admission?: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings>
 }
 
-export const appLayer = (config: GatewayConfig, configPath: string) =>
-  Layer.provideMerge(Server.layer({ inference: inferenceRouter, account: accountRouter, status: statusRouter }), servicesLayer(config, configPath))
+/** Everything except the HTTP listeners: config, storage, services. */
+export const servicesLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
+  const base = Layer.merge(Live.layer(config, configPath), Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir }))
+  const admission = options.admission ?? defaultAdmission
+  const domain = Layer.mergeAll(
+    Layer.provide(Auth.layer, Layer.provideMerge(AccountsRepo.layer, base)),
+    AccountsRepo.layer,
+    RequestLog.layer,
+    upstreamsLayer,
+    admission
+  )
+  return Layer.provideMerge(domain, base)
+}
+
+export const appLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
+  const services = servicesLayer(config, configPath, options)
+  const server = Server.layer({ inference: inferenceRouter, account: accountRouter, status: statusRouter })
+  return Layer.provideMerge(server, services)
+}
+
+let defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings> = Layer.die("admission engine not configured") as never
+/** Set once by main and tests until the engine is composed here. */
+export const setDefaultAdmission = (layer: typeof defaultAdmission) => {
+  defaultAdmission = layer
+}

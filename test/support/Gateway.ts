@@ -3,7 +3,7 @@ import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
-import { appLayer, bootstrapDevAccount } from "../../src/App.js"
+import { appLayer, type AppOptions, bootstrapDevAccount } from "../../src/App.js"
 import { loadConfig } from "../../src/config/GatewayConfig.js"
 import { BoundListeners } from "../../src/http/Server.js"
 
@@ -18,6 +18,7 @@ export interface GatewayOptions {
   /** Real PostgreSQL instead of embedded PGlite. */
   readonly databaseUrl?: string
   readonly redisUrl?: string
+  readonly admission?: AppOptions["admission"]
 }
 
 type AppServices = Layer.Layer.Success<ReturnType<typeof appLayer>>
@@ -52,7 +53,7 @@ export const startGateway = async (options: GatewayOptions = {}): Promise<TestGa
       ...(options.redisUrl ? { REDIS_URL: options.redisUrl } : {})
     }
   })
-  const runtime = ManagedRuntime.make(appLayer(config, path))
+  const runtime = ManagedRuntime.make(appLayer(config, path, options.admission ? { admission: options.admission } : {}))
   const key = await runtime.runPromise(bootstrapDevAccount)
   const { listeners } = await runtime.runPromise(BoundListeners)
   const port = listeners[0]!.port

@@ -1,0 +1,458 @@
+import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
+import { Chunk, Effect, Either, Exit, FiberRef, Option, Scope, Stream } from "effect"
+import { Auth, type Caller } from "../auth/Auth.js"
+import type { ModelConfig, PlanConfig } from "../config/GatewayConfig.js"
+import { LiveCatalog, Settings } from "../config/Live.js"
+import { Catalog, fail, GatewayError } from "../errors/Catalog.js"
+import { inferenceBody, renderInference } from "../errors/Render.js"
+import { currentRequestId, handle, headersOf } from "../http/Respond.js"
+import { Admission, type Standing, type Ticket } from "../quota/Admission.js"
+import { RequestLog } from "../telemetry/RequestLog.js"
+import {
+  type FinishReason,
+  type UpstreamError,
+  type UpstreamEvent,
+  type UpstreamRequest,
+  Upstreams,
+  type Usage
+} from "../upstream/Upstream.js"
+import { type ChatRequest, decodeChatRequest } from "./ChatRequest.js"
+import { keepAlive, PING_INTERVAL } from "./KeepAlive.js"
+import { quotaHeaders, receipt } from "./Receipt.js"
+import { exceedsLimit, measure } from "./Tokens.js"
+
+export const upstreamFailure = (error: UpstreamError): GatewayError => {
+  const detail = `${error.kind}${error.status ? ` ${error.status}` : ""}: ${error.detail}`
+  switch (error.kind) {
+    case "connect":
+      return fail("service_unavailable", { detail })
+    case "timeout":
+      return fail("upstream_timeout", { detail })
+    case "rate_limited":
+      return fail("upstream_rate_limited", { detail, retryAfter: 5 })
+    case "status":
+      return fail((error.status ?? 500) >= 500 ? "upstream_error" : "upstream_rejected", { detail })
+    case "protocol":
+      return fail("upstream_error", { detail })
+  }
+}
+
+/**
+ * Everything one request accumulates; `finish` settles the ticket, releases its slot and writes the
+ * request row exactly once, whichever way the request ends.
+ */
+export class Exchange {
+  readonly startedAt = performance.now()
+  readonly createdAt = new Date()
+  modelId = ""
+  stream = false
+  hadTools = false
+  toolChoice: string | null = null
+  provider: string | null = null
+  estimatedInput = 0
+  ticket: Ticket | null = null
+  scope: Scope.CloseableScope | null = null
+  ttfbMs: number | null = null
+  deliveredChars = 0
+  usage: Usage | null = null
+  private finished = false
+
+  constructor(
+    readonly caller: Caller,
+    readonly rowId: number,
+    readonly requestId: string,
+    readonly log: RequestLog["Type"]
+  ) {}
+
+  markFirstByte() {
+    if (this.ttfbMs === null) this.ttfbMs = Math.round(performance.now() - this.startedAt)
+  }
+
+  /** Usage to charge: the upstream's figures, else an estimate of what was delivered. */
+  chargeable(): Usage {
+    return this.usage ?? {
+      prompt_tokens: this.estimatedInput,
+      completion_tokens: Math.ceil(this.deliveredChars / 4),
+      reasoning_tokens: 0,
+      cached_tokens: 0
+    }
+  }
+
+  finish(
+    outcome: { readonly status: "success" | "error" | "cancelled"; readonly error?: GatewayError | undefined }
+  ): Effect.Effect<{ readonly standing: Standing; readonly weighted: number } | null> {
+    return Effect.suspend(() => {
+      if (this.finished) return Effect.succeed(null)
+      this.finished = true
+      const usage = this.chargeable()
+      const delivered = outcome.status === "success" || this.deliveredChars > 0 || this.usage !== null
+      const ticket = this.ticket
+      type Settled = { readonly standing: Standing; readonly weighted: number } | null
+      const settle: Effect.Effect<Settled> = ticket === null
+        ? Effect.succeed(null)
+        : delivered
+        ? ticket.settle({ inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens })
+        : Effect.as(ticket.refund, null)
+      return settle.pipe(
+        Effect.tap((settled) => {
+          const duration = Math.max(0, Math.round(performance.now() - this.startedAt))
+          const generating = duration - (this.ttfbMs ?? 0)
+          const counted = delivered ? usage : null
+          this.log.record({
+            id: this.rowId,
+            request_id: this.requestId,
+            account_id: this.caller.account.id,
+            key_id: this.caller.key?.id ?? null,
+            model_id: this.modelId,
+            status: outcome.status,
+            error_code: outcome.error ? Catalog[outcome.error.code].wire ?? outcome.error.code : null,
+            http_status: outcome.error ? outcome.error.status : outcome.status === "cancelled" ? 499 : 200,
+            stream: this.stream,
+            input_tokens: counted?.prompt_tokens ?? 0,
+            output_tokens: counted?.completion_tokens ?? 0,
+            reasoning_tokens: counted?.reasoning_tokens ?? 0,
+            prompt_cached_tokens: counted?.cached_tokens ?? 0,
+            weighted_cost: settled?.weighted ?? 0,
+            ttfb_ms: this.ttfbMs,
+            duration_ms: duration,
+            tps: counted && generating > 0 ? Math.round((counted.completion_tokens / generating) * 1000 * 100) / 100 : 0,
+            had_tools: this.hadTools,
+            tool_choice: this.toolChoice,
+            byok: false,
+            provider: this.provider,
+            fell_back: false,
+            error: outcome.error ? (outcome.error.detail ?? outcome.error.userMessage).slice(0, 500) : null,
+            created_at: this.createdAt
+          })
+        }),
+        Effect.ensuring(this.scope ? Scope.close(this.scope, Exit.void) : Effect.void)
+      )
+    })
+  }
+}
+
+const toolChoiceLabel = (choice: ChatRequest["tool_choice"]): string | null =>
+  choice === undefined ? null : typeof choice === "string" ? choice : `function:${choice.function.name}`.slice(0, 80)
+
+const upstreamRequest = (req: ChatRequest, model: ModelConfig, maxTokens: number, stream: boolean): UpstreamRequest => {
+  const out: { -readonly [K in keyof UpstreamRequest]?: UpstreamRequest[K] } = {
+    model: model.route.model,
+    messages: req.messages,
+    stream,
+    max_tokens: maxTokens
+  }
+  if (req.temperature !== undefined) out.temperature = req.temperature
+  if (req.top_p !== undefined) out.top_p = req.top_p
+  if (req.stop !== undefined) out.stop = req.stop
+  if (req.reasoning_effort !== undefined) out.reasoning_effort = req.reasoning_effort as "none" | "low" | "high" | "max"
+  if (req.tools !== undefined && req.tools.length > 0) out.tools = req.tools
+  if (req.tool_choice !== undefined) out.tool_choice = req.tool_choice
+  if (req.parallel_tool_calls !== undefined) out.parallel_tool_calls = req.parallel_tool_calls
+  return out as UpstreamRequest
+}
+
+const outputUsage = (usage: Usage) => ({
+  prompt_tokens: usage.prompt_tokens,
+  completion_tokens: usage.completion_tokens,
+  total_tokens: usage.prompt_tokens + usage.completion_tokens
+})
+
+/** Receipt and quota headers; omitted (null) rather than failing the request. */
+const safeReceipt = (
+  exchange: Exchange,
+  plan: PlanConfig,
+  settled: { readonly standing: Standing; readonly weighted: number } | null
+) => {
+  try {
+    if (!settled || !exchange.ticket) return null
+    return receipt(String(exchange.rowId), settled.standing, exchange.ticket.rpm, plan, settled.weighted)
+  } catch {
+    return null
+  }
+}
+
+interface Accumulated {
+  content: string
+  reasoning: string
+  tools: Array<{ id: string; name: string; args: string }>
+  finish: FinishReason
+}
+
+const accumulate = (acc: Accumulated, event: UpstreamEvent, exchange: Exchange): Accumulated => {
+  switch (event._tag) {
+    case "Content":
+      acc.content += event.text
+      exchange.deliveredChars += event.text.length
+      break
+    case "Reasoning":
+      acc.reasoning += event.text
+      exchange.deliveredChars += event.text.length
+      break
+    case "ToolCallStart":
+      acc.tools[event.index] = { id: event.id, name: event.name, args: "" }
+      break
+    case "ToolCallArgs": {
+      const call = acc.tools[event.index]
+      if (call) call.args += event.fragment
+      exchange.deliveredChars += event.fragment.length
+      break
+    }
+    case "Finish":
+      acc.finish = event.reason
+      break
+    case "Usage":
+      exchange.usage = event.usage
+      break
+  }
+  return acc
+}
+
+const complete = (
+  exchange: Exchange,
+  plan: PlanConfig,
+  events: Stream.Stream<UpstreamEvent, UpstreamError>
+) =>
+  Effect.gen(function*() {
+    const acc = yield* events.pipe(
+      Stream.runFold(
+        { content: "", reasoning: "", tools: [], finish: "stop" } as Accumulated,
+        (acc, event) => accumulate(acc, event, exchange)
+      ),
+      Effect.mapError(upstreamFailure)
+    )
+    exchange.markFirstByte()
+    const settled = yield* exchange.finish({ status: "success" })
+    const usage = exchange.chargeable()
+    const tools = acc.tools.filter(Boolean)
+    const wellspring = safeReceipt(exchange, plan, settled)
+    const body = {
+      id: `chatcmpl-${exchange.requestId}`,
+      object: "chat.completion",
+      created: Math.floor(exchange.createdAt.getTime() / 1000),
+      model: exchange.modelId,
+      choices: [{
+        index: 0,
+        message: {
+          role: "assistant",
+          content: acc.content.length > 0 || tools.length === 0 ? acc.content : null,
+          ...(acc.reasoning.length > 0 ? { reasoning: acc.reasoning } : {}),
+          ...(tools.length > 0
+            ? {
+              tool_calls: tools.map((t) => ({ id: t.id, type: "function", function: { name: t.name, arguments: t.args } }))
+            }
+            : {})
+        },
+        finish_reason: acc.finish
+      }],
+      usage: outputUsage(usage),
+      ...(wellspring ? { wellspring } : {})
+    }
+    const headers = settled && exchange.ticket
+      ? quotaHeaders(settled.standing, exchange.ticket.rpm, exchange.rowId)
+      : { "x-request-id": String(exchange.rowId) }
+    return HttpServerResponse.unsafeJson(body, { headers })
+  })
+
+const encoder = new TextEncoder()
+
+/** SSE frames for one upstream stream; the last data frame carries usage, receipt and finish_reason. */
+const sseFrames = (
+  exchange: Exchange,
+  plan: PlanConfig,
+  first: Chunk.Chunk<UpstreamEvent>,
+  rest: Stream.Stream<UpstreamEvent, UpstreamError>
+): Stream.Stream<string, GatewayError> => {
+  const created = Math.floor(exchange.createdAt.getTime() / 1000)
+  const id = `chatcmpl-${exchange.requestId}`
+  const head = `data: {"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${
+    JSON.stringify(exchange.modelId)
+  },"choices":[{"index":0,"delta":`
+  const frame = (delta: unknown) => `${head}${JSON.stringify(delta)},"finish_reason":null}]}\n\n`
+  let finish: FinishReason = "stop"
+
+  const toFrame = (event: UpstreamEvent): string | null => {
+    switch (event._tag) {
+      case "Content":
+        exchange.deliveredChars += event.text.length
+        return frame({ content: event.text })
+      case "Reasoning":
+        exchange.deliveredChars += event.text.length
+        return frame({ reasoning: event.text })
+      case "ToolCallStart":
+        return frame({
+          tool_calls: [{ index: event.index, id: event.id, type: "function", function: { name: event.name, arguments: "" } }]
+        })
+      case "ToolCallArgs":
+        exchange.deliveredChars += event.fragment.length
+        return frame({ tool_calls: [{ index: event.index, function: { arguments: event.fragment } }] })
+      case "Finish":
+        finish = event.reason
+        return null
+      case "Usage":
+        exchange.usage = event.usage
+        return null
+    }
+  }
+
+  const body = Stream.concat(Stream.fromChunk(first), rest).pipe(
+    Stream.mapError(upstreamFailure),
+    Stream.filterMap((event) => Option.fromNullable(toFrame(event)))
+  )
+  const last = Effect.gen(function*() {
+    const settled = yield* exchange.finish({ status: "success" })
+    const wellspring = safeReceipt(exchange, plan, settled)
+    const final = {
+      id,
+      object: "chat.completion.chunk",
+      created,
+      model: exchange.modelId,
+      choices: [{ index: 0, delta: {}, finish_reason: finish }],
+      usage: outputUsage(exchange.chargeable()),
+      ...(wellspring ? { wellspring } : {})
+    }
+    return `data: ${JSON.stringify(final)}\n\ndata: [DONE]\n\n`
+  })
+  return Stream.make(frame({ role: "assistant", content: "" })).pipe(
+    Stream.concat(body),
+    Stream.concat(Stream.fromEffect(last))
+  )
+}
+
+const streamed = (
+  exchange: Exchange,
+  plan: PlanConfig,
+  events: Stream.Stream<UpstreamEvent, UpstreamError>
+) =>
+  Effect.gen(function*() {
+    const scope = exchange.scope!
+    // The first upstream chunk is awaited before answering, so a failure before any byte is a JSON error.
+    const pull = yield* Scope.extend(Stream.toPull(events), scope)
+    const first = yield* pull.pipe(
+      Effect.catchAll((error) =>
+        Option.isSome(error) ? Effect.fail(upstreamFailure(error.value)) : Effect.succeed(Chunk.empty<UpstreamEvent>())
+      )
+    )
+    exchange.markFirstByte()
+    const rest = Stream.repeatEffectChunkOption(pull)
+    const frames = sseFrames(exchange, plan, first, rest).pipe(
+      Stream.tapError((error) => exchange.finish({ status: "error", error }))
+    )
+    const body = keepAlive(frames, PING_INTERVAL, ": ping\n\n").pipe(
+      Stream.map((text) => encoder.encode(text)),
+      // Client gone or stream cut: charge what was delivered, free the slot, write the row.
+      Stream.ensuring(Effect.suspend(() => exchange.finish({ status: "cancelled" })))
+    )
+    const headers = {
+      ...quotaHeaders(exchange.ticket!.reserved, exchange.ticket!.rpm, exchange.rowId),
+      "cache-control": "no-cache",
+      "x-accel-buffering": "no"
+    }
+    return HttpServerResponse.stream(body, { contentType: "text/event-stream", headers })
+  })
+
+export const parseBody = (text: string): Either.Either<unknown, GatewayError> => {
+  try {
+    return Either.right(JSON.parse(text))
+  } catch {
+    return Either.left(fail("invalid_json"))
+  }
+}
+
+const validate = (req: ChatRequest, model: ModelConfig | undefined) => {
+  if (model === undefined || model.disabled) {
+    return req.model.startsWith("@")
+      ? fail("model_not_found", { message: "BYOK 모델 참조를 사용할 수 없습니다. 등록된 자격 증명이 없거나 기능이 꺼져 있습니다." })
+      : fail("model_not_found")
+  }
+  if (!model.supports_chat) return fail("model_not_chat")
+  if (req.tools !== undefined && req.tools.length > 0 && !model.supports_tools) return fail("tools_not_supported")
+  if (req.reasoning_effort !== undefined) {
+    const allowed = model.supports_reasoning ? model.reasoning_efforts : []
+    if (!allowed.includes(req.reasoning_effort as never)) {
+      return fail("invalid_reasoning_effort", {
+        message: allowed.length > 0
+          ? `이 모델에서 허용되지 않는 reasoning_effort 값입니다. 허용 값: ${allowed.join(", ")}`
+          : "이 모델은 reasoning_effort 를 지원하지 않습니다. 허용 값: 없음"
+      })
+    }
+  }
+  return null
+}
+
+export const chatCompletions = HttpRouter.post(
+  "/v1/chat/completions",
+  Effect.gen(function*() {
+    const request = yield* HttpServerRequest.HttpServerRequest
+    const auth = yield* Auth
+    const catalog = yield* LiveCatalog
+    const settings = yield* Settings
+    const admission = yield* Admission
+    const upstreams = yield* Upstreams
+    const log = yield* RequestLog
+
+    const pipeline = Effect.gen(function*() {
+      const caller = yield* auth.authenticateKey(request.headers.authorization)
+      const requestId = yield* FiberRef.get(currentRequestId)
+      const exchange = new Exchange(caller, yield* log.nextId, requestId, log)
+
+      const run = Effect.gen(function*() {
+        yield* auth.gate(caller, headersOf(request))
+        const text = yield* request.text.pipe(Effect.mapError(() => fail("invalid_json")))
+        const req = yield* parseBody(text).pipe(Either.flatMap(decodeChatRequest))
+        exchange.modelId = req.model
+        exchange.stream = req.stream === true
+        exchange.hadTools = (req.tools?.length ?? 0) > 0
+        exchange.toolChoice = toolChoiceLabel(req.tool_choice)
+        const model = catalog.current().byId.get(req.model)
+        const invalid = validate(req, model)
+        if (invalid) return yield* Effect.fail(invalid)
+        const m = model!
+        const size = measure(req.messages, req.tools)
+        if (size.images > 0 && !m.supports_images) return yield* Effect.fail(fail("images_not_supported"))
+        const { exceeds, tokens } = yield* exceedsLimit(size, m.max_input_tokens)
+        if (exceeds) {
+          return yield* Effect.fail(fail("input_too_long", {
+            message: `입력이 모델의 최대 입력 토큰 수(${m.max_input_tokens})를 초과했습니다. (추정 ${tokens})`
+          }))
+        }
+        exchange.estimatedInput = tokens
+        const maxTokens = Math.min(req.max_tokens ?? m.max_output_tokens, m.max_output_tokens)
+        const plan = settings.planFor(caller.account.plan)
+        exchange.provider = m.route.provider
+
+        const scope = yield* Scope.make()
+        exchange.scope = scope
+        // Backstop: the request scope closes after the response is written, whatever happened.
+        yield* Effect.addFinalizer(() => exchange.finish({ status: "cancelled" }))
+        exchange.ticket = yield* Scope.extend(
+          admission.admit({
+            accountId: caller.account.id,
+            plan,
+            model: m,
+            estimatedInputTokens: exchange.estimatedInput,
+            byok: false
+          }),
+          scope
+        )
+        const adapter = yield* upstreams.get(m.route.provider).pipe(Effect.mapError(upstreamFailure))
+        const events = adapter.chat(upstreamRequest(req, m, maxTokens, exchange.stream))
+        return exchange.stream
+          ? yield* streamed(exchange, plan, events)
+          : yield* complete(exchange, plan, events)
+      })
+
+      return yield* run.pipe(
+        Effect.tapError((error) => exchange.finish({ status: "error", error })),
+        Effect.onInterrupt(() => exchange.finish({ status: "cancelled" })),
+        Effect.catchAll((error) => Effect.succeed(renderWithRow(error, exchange.rowId)))
+      )
+    })
+
+    return yield* handle(renderInference, pipeline)
+  })
+)
+
+const renderWithRow = (error: GatewayError, rowId: number) =>
+  HttpServerResponse.setHeader(renderInference(error), "x-request-id", String(rowId))
+
+export { inferenceBody }

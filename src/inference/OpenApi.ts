@@ -1,0 +1,118 @@
+import { HttpApi, HttpApiEndpoint, HttpApiGroup, HttpRouter, OpenApi } from "@effect/platform"
+import { Effect, Schema } from "effect"
+import { json } from "../http/Respond.js"
+import { ChatRequest, ToolCall } from "./ChatRequest.js"
+
+// Response schemas document the wire format; requests reuse the schemas that validate them.
+const ErrorEnvelope = Schema.Struct({
+  error: Schema.Struct({
+    message: Schema.String,
+    type: Schema.String,
+    code: Schema.optional(Schema.String),
+    resets_at: Schema.optional(Schema.String)
+  })
+}).annotations({ identifier: "ErrorEnvelope" })
+
+const Pool = Schema.Struct({
+  used_pct: Schema.Number,
+  remaining_pct: Schema.Number,
+  resets_at: Schema.NullOr(Schema.String),
+  resets_in_seconds: Schema.Int,
+  request_pct: Schema.optional(Schema.Number)
+}).annotations({ identifier: "Pool" })
+
+const Receipt = Schema.Struct({
+  request_id: Schema.String,
+  session: Pool,
+  weekly: Pool,
+  rpm: Schema.Struct({ limit: Schema.Int, remaining: Schema.Int })
+}).annotations({ identifier: "QuotaReceipt" })
+
+const TokenUsage = Schema.Struct({
+  prompt_tokens: Schema.Int,
+  completion_tokens: Schema.Int,
+  total_tokens: Schema.Int
+}).annotations({ identifier: "TokenUsage" })
+
+const ChatCompletion = Schema.Struct({
+  id: Schema.String,
+  object: Schema.Literal("chat.completion"),
+  created: Schema.Int,
+  model: Schema.String,
+  choices: Schema.Array(Schema.Struct({
+    index: Schema.Int,
+    message: Schema.Struct({
+      role: Schema.Literal("assistant"),
+      content: Schema.NullOr(Schema.String),
+      reasoning: Schema.optional(Schema.String),
+      tool_calls: Schema.optional(Schema.Array(ToolCall))
+    }),
+    finish_reason: Schema.Literal("stop", "length", "tool_calls")
+  })),
+  usage: TokenUsage,
+  wellspring: Schema.optional(Receipt)
+}).annotations({ identifier: "ChatCompletion", description: "With stream: true the body is an SSE stream of chat.completion.chunk frames ending in data: [DONE]." })
+
+const Model = Schema.Struct({
+  id: Schema.String,
+  object: Schema.Literal("model"),
+  created: Schema.Int,
+  owned_by: Schema.String,
+  supports_tools: Schema.Boolean,
+  supports_reasoning: Schema.Boolean,
+  supports_images: Schema.Boolean,
+  supports_embeddings: Schema.Boolean,
+  max_output_tokens: Schema.Int,
+  max_input_tokens: Schema.Int,
+  rate_limit_rpm: Schema.Int
+}).annotations({ identifier: "Model" })
+
+const Account = Schema.Struct({
+  object: Schema.Literal("account"),
+  id: Schema.String,
+  display_id: Schema.Int,
+  display_name: Schema.String,
+  username: Schema.String,
+  is_legacy: Schema.Boolean,
+  is_admin: Schema.Boolean,
+  key_label: Schema.String,
+  created_at: Schema.Int,
+  last_rotated_at: Schema.Int,
+  email_registered: Schema.Boolean
+}).annotations({ identifier: "Account" })
+
+const UsageBucket = Schema.Struct({
+  used_pct: Schema.Number,
+  remaining_pct: Schema.Number,
+  resets_at: Schema.NullOr(Schema.String),
+  resets_in_seconds: Schema.Int,
+  by_model: Schema.Array(Schema.Struct({ model_id: Schema.String, request_count: Schema.Int, pct_of_total: Schema.Number }))
+})
+
+const EmbeddingsRequest = Schema.Struct({
+  model: Schema.String,
+  input: Schema.Union(Schema.String, Schema.Array(Schema.String))
+}).annotations({ identifier: "EmbeddingsRequest" })
+
+const Embeddings = Schema.Struct({
+  object: Schema.Literal("list"),
+  data: Schema.Array(Schema.Struct({ object: Schema.Literal("embedding"), index: Schema.Int, embedding: Schema.Array(Schema.Number) })),
+  model: Schema.String,
+  usage: Schema.Struct({ prompt_tokens: Schema.Int, total_tokens: Schema.Int })
+}).annotations({ identifier: "Embeddings", description: "Each embedding has exactly 1024 dimensions." })
+
+class InferenceGroup extends HttpApiGroup.make("inference")
+  .add(HttpApiEndpoint.post("chatCompletions", "/v1/chat/completions").setPayload(ChatRequest).addSuccess(ChatCompletion).addError(ErrorEnvelope, { status: 400 }))
+  .add(HttpApiEndpoint.post("embeddings", "/v1/embeddings").setPayload(EmbeddingsRequest).addSuccess(Embeddings).addError(ErrorEnvelope, { status: 400 }))
+  .add(HttpApiEndpoint.get("models", "/v1/models").addSuccess(Schema.Struct({ object: Schema.Literal("list"), data: Schema.Array(Model) })))
+  .add(HttpApiEndpoint.get("me", "/v1/me").addSuccess(Account).addError(ErrorEnvelope, { status: 401 }))
+  .add(HttpApiEndpoint.get("usage", "/v1/usage").addSuccess(Schema.Struct({ object: Schema.Literal("usage"), session: UsageBucket, weekly: UsageBucket })))
+{}
+
+export class InferenceApi extends HttpApi.make("wellspring").add(InferenceGroup).annotate(OpenApi.Title, "wellspring inference API")
+  .annotate(OpenApi.Version, "1.0.0")
+{}
+
+export const spec = OpenApi.fromApi(InferenceApi)
+
+export const openApiRoute = HttpRouter.get("/v1/openapi.json", Effect.sync(() => json(spec)))

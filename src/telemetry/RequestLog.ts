@@ -1,0 +1,113 @@
+import { SqlClient } from "@effect/sql"
+import { Context, Deferred, Duration, Effect, Layer, Schedule } from "effect"
+import { Settings } from "../config/Live.js"
+
+export interface RequestRow {
+  readonly id: number
+  readonly request_id: string
+  readonly account_id: string
+  readonly key_id: number | null
+  readonly model_id: string
+  readonly status: "success" | "error" | "cancelled"
+  readonly error_code: string | null
+  readonly http_status: number
+  readonly stream: boolean
+  readonly input_tokens: number
+  readonly output_tokens: number
+  readonly reasoning_tokens: number
+  readonly prompt_cached_tokens: number
+  readonly weighted_cost: number
+  readonly ttfb_ms: number | null
+  readonly duration_ms: number
+  readonly tps: number
+  readonly had_tools: boolean
+  readonly tool_choice: string | null
+  readonly byok: boolean
+  readonly provider: string | null
+  readonly fell_back: boolean
+  readonly error: string | null
+  readonly created_at: Date
+}
+
+const BLOCK = 1000
+/** Rows kept while the database is unreachable; beyond this the oldest are dropped (and logged). */
+const MAX_BUFFER = 200_000
+
+export class RequestLog extends Context.Tag("wellspring/telemetry/RequestLog")<RequestLog, {
+  /** Next request row id, without a database round trip (ids come in blocks of 1000). */
+  readonly nextId: Effect.Effect<number>
+  /** Queues a row; written by the batch writer, never on the caller's path. */
+  readonly record: (row: RequestRow) => void
+  /** Writes everything queued so far. */
+  readonly flush: Effect.Effect<void>
+  readonly pending: () => number
+}>() {}
+
+export const make = Effect.gen(function*() {
+  const sql = yield* SqlClient.SqlClient
+  const { config } = yield* Settings
+  const { batch_size, flush_ms } = config.request_log
+
+  const fetchBlock = sql<{ start: number }>`SELECT nextval('request_log_id_blocks') AS start`.pipe(
+    Effect.map((rows) => Number(rows[0]!.start)),
+    Effect.retry(Schedule.exponential("50 millis").pipe(Schedule.compose(Schedule.recurs(5)))),
+    Effect.orDie
+  )
+  let next = yield* fetchBlock
+  let end = next + BLOCK
+  let spare: Deferred.Deferred<number> | null = null
+  const refill = Effect.gen(function*() {
+    const d = yield* Deferred.make<number>()
+    spare = d
+    yield* Effect.forkDaemon(Deferred.complete(d, fetchBlock))
+  })
+  yield* refill
+
+  const nextId: Effect.Effect<number> = Effect.suspend(() => {
+    if (next < end) return Effect.succeed(next++)
+    // A spare block is always being fetched, so this wait is at most one round trip, once per 1000 rows.
+    const waiting = spare!
+    spare = null
+    return Deferred.await(waiting).pipe(Effect.flatMap((start) => {
+      next = start
+      end = start + BLOCK
+      return Effect.zipRight(refill, nextId)
+    }))
+  })
+
+  let buffer: Array<RequestRow> = []
+
+  const writeBatch = (rows: ReadonlyArray<RequestRow>) =>
+    sql`INSERT INTO request_log ${sql.insert(rows as unknown as Array<Record<string, unknown>>)} ON CONFLICT (id) DO NOTHING`.pipe(Effect.asVoid)
+
+  const flushOnce = Effect.suspend(() => {
+    if (buffer.length === 0) return Effect.void
+    const rows = buffer.splice(0, batch_size)
+    return writeBatch(rows).pipe(
+      Effect.catchAll((error) =>
+        Effect.sync(() => {
+          // Keep the rows for the next attempt.
+          buffer = rows.concat(buffer)
+          if (buffer.length > MAX_BUFFER) buffer.splice(0, buffer.length - MAX_BUFFER)
+        }).pipe(Effect.zipRight(Effect.logWarning("request rows not written; will retry", error)), Effect.zipRight(Effect.fail(error)))
+      )
+    )
+  })
+  const flush: Effect.Effect<void> = Effect.suspend(() =>
+    buffer.length === 0 ? Effect.void : flushOnce.pipe(Effect.zipRight(flush))
+  ).pipe(Effect.catchAll(() => Effect.void))
+
+  yield* flush.pipe(Effect.repeat(Schedule.spaced(Duration.millis(flush_ms))), Effect.forkScoped)
+  yield* Effect.addFinalizer(() => flush)
+
+  return RequestLog.of({
+    nextId,
+    record: (row) => {
+      buffer.push(row)
+    },
+    flush,
+    pending: () => buffer.length
+  })
+})
+
+export const layer = Layer.scoped(RequestLog, make)
