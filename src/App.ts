@@ -1,6 +1,7 @@
 import { HttpRouter } from "@effect/platform"
 import { SqlClient } from "@effect/sql"
 import { Effect, Layer } from "effect"
+import { accountRoutes } from "./accounts/AccountRoutes.js"
 import * as AccountsRepo from "./accounts/AccountsRepo.js"
 import * as Auth from "./auth/Auth.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
@@ -12,6 +13,7 @@ import { me, usage } from "./inference/IdentityRoutes.js"
 import { listModels } from "./inference/ModelsRoute.js"
 import { openApiRoute } from "./inference/OpenApi.js"
 import type { Admission } from "./quota/Admission.js"
+import * as AdmissionLayer from "./quota/layer.js"
 import * as Sql from "./store/Sql.js"
 import * as RequestLog from "./telemetry/RequestLog.js"
 import * as Upstreams from "./upstream/Upstreams.js"
@@ -24,7 +26,9 @@ export const inferenceRouter = HttpRouter.empty.pipe(
   usage,
   openApiRoute
 )
-export const accountRouter = HttpRouter.empty
+/** Account API (`/api/user/*`) on the dashboard origin; see src/accounts/AccountRoutes.ts. */
+export const accountRouter: HttpRouter.HttpRouter<unknown, Layer.Layer.Success<ReturnType<typeof servicesLayer>>> =
+  accountRoutes
 export const statusRouter = HttpRouter.empty
 
 /** Creates the dev account and prints its key, only when the database has no account yet. */
@@ -52,6 +56,12 @@ const upstreamsLayer = Upstreams.layerEffect(
   Effect.map(Live.LiveCatalog, (live) => Effect.sync(() => live.current().catalog.providers))
 )
 
+/** In-memory actors persisted to SQL, or Redis when `redis_url` is set. */
+const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings> = Layer.unwrapEffect(
+  Effect.map(Live.Settings, ({ config }) =>
+    AdmissionLayer.layerFromConfigWithSql({ abuse: config.abuse, redisUrl: config.redis_url }))
+)
+
 export interface AppOptions {
   /** Replaces the admission engine chosen from config (tests). */
   readonly admission?: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings>
@@ -77,8 +87,3 @@ export const appLayer = (config: GatewayConfig, configPath: string, options: App
   return Layer.provideMerge(server, services)
 }
 
-let defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings> = Layer.die("admission engine not configured") as never
-/** Set once by main and tests until the engine is composed here. */
-export const setDefaultAdmission = (layer: typeof defaultAdmission) => {
-  defaultAdmission = layer
-}

@@ -95,6 +95,25 @@ export class AccountsRepo extends Context.Tag("wellspring/accounts/AccountsRepo"
   readonly audit: (accountId: string, action: string, target: string | null, meta?: Record<string, unknown>) => Effect.Effect<void>
   readonly createSession: (accountId: string, ttlHours: number) => Effect.Effect<string>
   readonly findSession: (token: string) => Effect.Effect<AccountRow | null>
+  /**
+   * Issues a key unless the account already holds `max` active keys (null then). The account row is locked
+   * for the transaction, so concurrent creations cannot overshoot the cap.
+   */
+  readonly createKeyCapped: (accountId: string, label: string, max: number) => Effect.Effect<{
+    readonly key: string
+    readonly row: KeyRow
+  } | null>
+  /** One of the account's active keys, or null (not the account's, revoked, or no such id). */
+  readonly findOwnActiveKey: (accountId: string, keyId: number) => Effect.Effect<KeyRow | null>
+  /**
+   * `rotate` behind a cooldown shared by every replica: stamps `last_rotated_at = at` only when the previous
+   * rotation is at or before `notAfter`, in the same transaction that revokes and issues. Null: cooldown.
+   */
+  readonly rotateGuarded: (accountId: string, at: Date, notAfter: Date) => Effect.Effect<{
+    readonly key: string
+    readonly row: KeyRow
+    readonly revoked: ReadonlyArray<KeyRow>
+  } | null>
 }>() {}
 
 export const make = Effect.gen(function*() {
@@ -224,7 +243,36 @@ export const make = Effect.gen(function*() {
         SELECT a.* FROM sessions s JOIN accounts a ON a.id = s.account_id
         WHERE s.token_hash = ${hashKey(token)} AND s.revoked_at IS NULL AND s.expires_at > now()`).pipe(
         Effect.map((rows) => rows[0] ?? null)
-      )
+      ),
+    createKeyCapped: (accountId, label, max) =>
+      orDie(sql.withTransaction(Effect.gen(function*() {
+        yield* sql`SELECT id FROM accounts WHERE id = ${accountId} FOR UPDATE`
+        const [{ n }] = (yield* sql<{ n: number }>`
+          SELECT count(*)::int AS n FROM api_keys WHERE account_id = ${accountId} AND revoked_at IS NULL`) as unknown as [
+            { n: number }
+          ]
+        if (n >= max) return null
+        return yield* insertKey(accountId, label, false)
+      }))),
+    findOwnActiveKey: (accountId, keyId) =>
+      orDie(sql<KeyRow>`
+        SELECT * FROM api_keys WHERE id = ${keyId} AND account_id = ${accountId} AND revoked_at IS NULL`).pipe(
+        Effect.map((rows) => rows[0] ?? null)
+      ),
+    rotateGuarded: (accountId, at, notAfter) =>
+      orDie(sql.withTransaction(Effect.gen(function*() {
+        // The conditional update takes the row lock: a concurrent rotation waits, then sees the new stamp.
+        const stamped = yield* sql`
+          UPDATE accounts SET last_rotated_at = ${at}
+          WHERE id = ${accountId} AND (last_rotated_at IS NULL OR last_rotated_at <= ${notAfter})
+          RETURNING id`
+        if (stamped.length === 0) return null
+        const revoked = yield* sql<KeyRow>`
+          UPDATE api_keys SET revoked_at = now()
+          WHERE account_id = ${accountId} AND revoked_at IS NULL RETURNING *`
+        const { key, row } = yield* insertKey(accountId, ROTATED_KEY_LABEL, false)
+        return { key, row, revoked }
+      })))
   })
 })
 

@@ -4,6 +4,7 @@ import { Clock, Context, Duration, Effect, Layer, Option, Schedule, Stream } fro
 import { type AccountRow, AccountsRepo, type KeyRow } from "../accounts/AccountsRepo.js"
 import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
+import { notify } from "../store/Sql.js"
 import { hashKey, isWellFormed } from "./KeyMaterial.js"
 
 export interface Caller {
@@ -65,10 +66,11 @@ export const make = Effect.gen(function*() {
   const announce = (message: string) =>
     Effect.sync(() => dropLocal(message)).pipe(
       Effect.zipRight(
-        Option.match(pg, {
-          onNone: () => Effect.void,
-          onSome: (client) => client.notify(INVALIDATION_CHANNEL, message).pipe(Effect.ignore)
-        })
+        Option.isSome(pg) && !settings.embedded
+          ? notify(pg.value, INVALIDATION_CHANNEL, message).pipe(
+            Effect.catchAll((error) => Effect.logWarning("auth invalidation not announced", error))
+          )
+          : Effect.void
       )
     )
 
@@ -119,7 +121,7 @@ export const make = Effect.gen(function*() {
   }
 
   const gate = (caller: Caller, headers: Readonly<Record<string, string | undefined>>) =>
-    Effect.suspend(() => {
+    Clock.currentTimeMillis.pipe(Effect.flatMap((now) => {
       const lock = config.access.region_lock
       if (lock.enabled) {
         const country = headers[lock.header.toLowerCase()]?.toUpperCase()
@@ -130,12 +132,12 @@ export const make = Effect.gen(function*() {
       const account = caller.account
       if (account.status !== "active") return Effect.fail(fail("account_unlinked"))
       if (account.is_legacy && account.needs_migration) return Effect.fail(fail("legacy_account_upgrade_required"))
-      if (account.is_guest && account.guest_expires_at && account.guest_expires_at.getTime() <= Date.now()) {
+      if (account.is_guest && account.guest_expires_at && account.guest_expires_at.getTime() <= now) {
         return Effect.fail(fail("guest_expired"))
       }
       if (config.access.email_enforcement && !account.email_verified_at) return Effect.fail(fail("email_required"))
       return Effect.void
-    })
+    }))
 
   return Auth.of({
     authenticateKey,

@@ -273,7 +273,9 @@ export const loadConfig = (
     throw new ConfigLoadError(`cannot read config file ${path}: ${(cause as Error).message}`)
   }
   const raw = parseYaml(text, path)
-  if (typeof raw !== "object" || raw === null) throw new ConfigLoadError(`${path}: expected a mapping at the top`)
+  if (typeof raw !== "object" || raw === null || Array.isArray(raw)) {
+    throw new ConfigLoadError(`${path}: expected a mapping at the top`)
+  }
   const doc = { ...(raw as Record<string, unknown>) }
   const env2 = options.env ?? process.env
   for (const layer of [env, flags]) {

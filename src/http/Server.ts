@@ -41,6 +41,12 @@ const appFor = <R>(origins: ReadonlyArray<Origin>, routes: Routes<R>) =>
       Effect.logError("request failed outside a handler", cause).pipe(
         Effect.as(HttpServerResponse.unsafeJson(inferenceBody(fail("internal_error")), { status: 500 }))
       )
+    ),
+    // Every response carries a request id, also from routes that do not go through `handle`.
+    Effect.map((response) =>
+      response.headers[REQUEST_ID_HEADER] === undefined
+        ? HttpServerResponse.setHeader(response, REQUEST_ID_HEADER, newRequestId())
+        : response
     )
   ))
 

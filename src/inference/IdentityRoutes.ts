@@ -60,9 +60,17 @@ export const usageByModel = (accountId: string, since: number | null) =>
     }))
   }).pipe(Effect.orDie)
 
-/** Start of the window a pool standing describes, or null while inactive. */
-export const windowStart = (pool: PoolStanding, lengthMs: number): number | null =>
-  pool.anchor_at != null ? pool.anchor_at : pool.resets_at === null ? null : pool.resets_at - lengthMs
+/**
+ * A request row is stamped when the request arrives; the window it opens starts at admission, a little
+ * later. Rows this close before a window start belong to it.
+ */
+export const WINDOW_SLACK_MS = 5_000
+
+/** Earliest row time counted in the window a pool standing describes, or null while inactive. */
+export const windowStart = (pool: PoolStanding, lengthMs: number): number | null => {
+  const start = pool.anchor_at != null ? pool.anchor_at : pool.resets_at === null ? null : pool.resets_at - lengthMs
+  return start === null ? null : start - WINDOW_SLACK_MS
+}
 
 export const WEEK_MS = 7 * 24 * 3600 * 1000
 

@@ -30,7 +30,7 @@ export interface TestGateway {
   readonly key: string
   readonly dir: string
   readonly configPath: string
-  readonly runtime: ManagedRuntime.ManagedRuntime<AppServices, never>
+  readonly runtime: ManagedRuntime.ManagedRuntime<AppServices, unknown>
   readonly run: <A, E>(effect: Effect.Effect<A, E, AppServices>) => Promise<A>
   /** Rewrites the config file (the catalog reload picks it up). */
   readonly rewriteConfig: (configure: (doc: ConfigDoc) => void) => void

@@ -1,0 +1,206 @@
+import { SqlClient } from "@effect/sql"
+import { Clock, Effect } from "effect"
+import type { PlanConfig } from "../config/GatewayConfig.js"
+import { Settings } from "../config/Live.js"
+import { fail, type GatewayError } from "../errors/Catalog.js"
+import { type ModelShare, usageByModel, WEEK_MS, windowStart } from "../inference/IdentityRoutes.js"
+import { Admission, type PoolStanding } from "../quota/Admission.js"
+import type { AccountRow } from "./AccountsRepo.js"
+
+/**
+ * Prefix of the community-identity fields of `profile` (the spec's `<community>Id` / `<community>Type`).
+ * Decision (docs/decisions.md): the literal word `community`, so the keys are `communityId` / `communityType`.
+ */
+export const COMMUNITY = "community"
+const COMMUNITY_ID = `${COMMUNITY}Id` as const
+const COMMUNITY_TYPE = `${COMMUNITY}Type` as const
+
+const DAY_MS = 86_400_000
+/** Rows of `recentRequests`. */
+export const RECENT_REQUESTS = 20
+
+const iso = (d: Date | null): string | null => (d === null ? null : d.toISOString())
+const round2 = (x: number): number => Math.round(x * 100) / 100
+
+/**
+ * The 403 of `GET /api/user/me` (bare `{error}`): a legacy account that still has to migrate.
+ * Decision: `is_legacy && needs_migration`, the same condition as chat's `legacy_account_upgrade_required`.
+ */
+export const blocksSnapshot = (account: AccountRow): boolean => account.is_legacy && account.needs_migration
+
+/** `profile`: exactly 19 camelCase fields. */
+export const profileOf = (account: AccountRow) => ({
+  [COMMUNITY_ID]: account.community_id,
+  [COMMUNITY_TYPE]: account.community_type,
+  username: account.username,
+  displayName: account.display_name,
+  email: account.email,
+  emailVerified: account.email_verified_at !== null,
+  status: account.status,
+  isAdmin: account.is_admin,
+  isLegacy: account.is_legacy,
+  needsMigration: account.needs_migration,
+  sfwMode: account.sfw_mode,
+  passkeyCount: 0,
+  createdAt: account.created_at.getTime(),
+  lastUsedAt: account.last_used_at === null ? null : account.last_used_at.getTime(),
+  livenessBlockedAt: iso(account.liveness_blocked_at),
+  nextLivenessAt: iso(account.next_liveness_at),
+  passwordChangedAt: iso(account.password_changed_at),
+  lastNickChangedAt: iso(account.last_nick_changed_at),
+  // Self-service nickname change is off in this gateway.
+  nicknameCooldownUntil: null
+})
+
+/** One pool of `plan`; absolutes and per-model weights are null when the plan hides them. */
+export const poolView = (
+  pool: PoolStanding,
+  hidden: boolean,
+  byModel: ReadonlyArray<ModelShare>,
+  kind: "session" | "weekly"
+) => ({
+  used: hidden ? null : Math.round(pool.used),
+  limit: hidden ? null : pool.limit,
+  remaining: hidden ? null : Math.max(0, Math.round(pool.limit - pool.used)),
+  used_pct: pool.used_pct,
+  resets_at: pool.resets_at === null ? null : new Date(pool.resets_at).toISOString(),
+  resets_in_seconds: pool.resets_in_seconds,
+  ...(kind === "session"
+    ? { active: pool.resets_at !== null }
+    : { anchor_at: pool.anchor_at == null ? null : new Date(pool.anchor_at).toISOString() }),
+  by_model: byModel.map((row) => ({
+    model_id: row.model_id,
+    weighted: hidden ? null : round2(row.weighted),
+    request_count: row.request_count,
+    pct_of_total: row.pct_of_total
+  }))
+})
+
+interface RecentRow {
+  readonly id: number
+  readonly model_id: string
+  readonly status: string
+  readonly created_at: Date
+  readonly input_tokens: number
+  readonly output_tokens: number
+  readonly tps: number
+  readonly error: string | null
+}
+
+interface ModelDay {
+  readonly model_id: string
+  readonly requests: number
+  readonly successes: number
+  readonly input_tokens: number
+  readonly output_tokens: number
+}
+
+interface Board {
+  readonly tokens: number
+  readonly requests: number
+  readonly attempted: number
+  readonly leader_tokens: number
+  readonly ahead: number
+}
+
+/** Start of today's leaderboard day: 09:00 KST = 00:00 UTC. */
+export const leaderboardDayStart = (now: number): number => Math.floor(now / DAY_MS) * DAY_MS
+
+/**
+ * `GET /api/user/me`: the bare eleven-key snapshot. Everything is read fresh (account row, request rows,
+ * quota standing); the leaderboard is today's tokens (input + output) of non-guest accounts.
+ */
+export const snapshot = (account: AccountRow): Effect.Effect<Record<string, unknown>, GatewayError, SqlClient.SqlClient | Settings | Admission> =>
+  Effect.gen(function*() {
+    if (blocksSnapshot(account)) return yield* Effect.fail(fail("legacy_account_upgrade_required"))
+    const sql = yield* SqlClient.SqlClient
+    const settings = yield* Settings
+    const admission = yield* Admission
+    const now = yield* Clock.currentTimeMillis
+    const plan: PlanConfig = settings.planFor(account.plan)
+    const dayAgo = new Date(now - DAY_MS)
+    const dayStart = new Date(leaderboardDayStart(now))
+
+    const standing = yield* admission.standing(account.id, plan)
+    const rpm = yield* admission.currentRpm(account.id)
+    const [sessionModels, weeklyModels] = yield* Effect.all([
+      usageByModel(account.id, windowStart(standing.session, plan.session_hours * 3_600_000)),
+      usageByModel(account.id, windowStart(standing.weekly, WEEK_MS))
+    ]).pipe(Effect.provideService(SqlClient.SqlClient, sql))
+
+    const queries = Effect.gen(function*() {
+      const recent = yield* sql<RecentRow>`
+        SELECT id, model_id, status, created_at, input_tokens, output_tokens, tps, error
+        FROM request_log WHERE account_id = ${account.id}
+        ORDER BY created_at DESC, id DESC LIMIT ${RECENT_REQUESTS}`
+      const models = yield* sql<ModelDay>`
+        SELECT model_id, count(*)::int AS requests,
+          count(*) FILTER (WHERE status = 'success')::int AS successes,
+          coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+          coalesce(sum(output_tokens), 0)::bigint AS output_tokens
+        FROM request_log WHERE account_id = ${account.id} AND created_at >= ${dayAgo}
+        GROUP BY model_id ORDER BY requests DESC, model_id`
+      const board = yield* sql<Board>`
+        WITH board AS (
+          SELECT r.account_id, sum(r.input_tokens::bigint + r.output_tokens)::bigint AS tokens
+          FROM request_log r JOIN accounts a ON a.id = r.account_id
+          WHERE r.created_at >= ${dayStart} AND NOT a.is_guest
+          GROUP BY r.account_id
+        ), self AS (
+          SELECT coalesce(sum(input_tokens::bigint + output_tokens), 0)::bigint AS tokens,
+            count(*) FILTER (WHERE status = 'success')::int AS requests,
+            count(*)::int AS attempted
+          FROM request_log WHERE account_id = ${account.id} AND created_at >= ${dayStart}
+        )
+        SELECT self.tokens, self.requests, self.attempted,
+          coalesce((SELECT max(tokens) FROM board), 0)::bigint AS leader_tokens,
+          (SELECT count(*) FROM board WHERE board.tokens > self.tokens)::int AS ahead
+        FROM self`
+      return { recent, models, board: board[0]! }
+    })
+    const { board, models, recent } = yield* Effect.orDie(queries)
+
+    const rank = !account.is_guest && board.tokens > 0 ? board.ahead + 1 : null
+    const hidden = plan.hide_absolutes
+    return {
+      profile: profileOf(account),
+      rebindRequest: null,
+      display_id: account.is_guest ? null : account.display_id,
+      plan: {
+        session: poolView(standing.session, hidden, sessionModels, "session"),
+        weekly: poolView(standing.weekly, hidden, weeklyModels, "weekly")
+      },
+      contributor: null,
+      modelUsage: models.map((m) => ({
+        modelId: m.model_id,
+        requests: m.requests,
+        successes: m.successes,
+        inputTokens: m.input_tokens,
+        outputTokens: m.output_tokens,
+        totalTokens: m.input_tokens + m.output_tokens
+      })),
+      recentRequests: recent.map((r) => ({
+        id: r.id,
+        model_id: r.model_id,
+        status: r.status,
+        created_at: r.created_at.toISOString(),
+        input_tokens: r.input_tokens,
+        output_tokens: r.output_tokens,
+        tps: r.tps,
+        error: r.error
+      })),
+      totals: {
+        totalRequests: models.reduce((sum, m) => sum + m.requests, 0),
+        totalTokens: models.reduce((sum, m) => sum + m.input_tokens + m.output_tokens, 0)
+      },
+      rpm: { current: rpm },
+      rank,
+      today_self: {
+        rank,
+        tokens: board.tokens,
+        requests: board.requests,
+        attempted: board.attempted,
+        leader_tokens: board.leader_tokens
+      }
+    }
+  })

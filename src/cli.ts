@@ -1,0 +1,483 @@
+/**
+ * Operator CLI: `npm run cli -- <command> [flags]`.
+ *
+ * Loads the config with the gateway's layers (file, env, `--config` / `--data-dir` / `--database-url`) and
+ * talks to the same storage. Exit codes: 0 done, 2 bad arguments (usage, unknown account or key, bad
+ * config), 1 anything else (database down, ...). Errors are one line on stderr, never a stack trace.
+ */
+import { SqlClient } from "@effect/sql"
+import { Cause, Data, Effect, Exit, Layer, Option } from "effect"
+import * as Url from "node:url"
+import { ACCOUNT_STATUSES, type AccountRow, type AccountStatus, AccountsRepo, DEFAULT_KEY_LABEL, type KeyRow } from "./accounts/AccountsRepo.js"
+import * as Accounts from "./accounts/AccountsRepo.js"
+import { INVALIDATION_CHANNEL } from "./auth/Auth.js"
+import { ConfigLoadError, type GatewayConfig, loadConfig } from "./config/GatewayConfig.js"
+import { makeSettings, Settings } from "./config/Live.js"
+import * as EmbeddedLock from "./store/EmbeddedLock.js"
+import * as Sql from "./store/Sql.js"
+
+/** Bad arguments: exit code 2. */
+export class UsageError extends Data.TaggedError("UsageError")<{ readonly message: string }> {}
+
+type FlagKind = "value" | "boolean"
+
+interface CommandSpec {
+  readonly usage: string
+  readonly summary: string
+  readonly flags: Readonly<Record<string, FlagKind>>
+  readonly run: (flags: Flags, env: CommandEnv) => Effect.Effect<void, UsageError, AccountsRepo | SqlClient.SqlClient>
+}
+
+type Flags = Readonly<Record<string, string | true>>
+
+interface CommandEnv {
+  readonly config: GatewayConfig
+  /** Sends `key:<hash>` / `account:<id>` to every gateway replica (no-op in embedded mode). */
+  readonly announce: (message: string) => Effect.Effect<void, never, SqlClient.SqlClient>
+  /** Printed after changes a running embedded gateway cannot be told about. */
+  readonly cacheNote: string | null
+  readonly out: (line: string) => Effect.Effect<void>
+}
+
+const GLOBAL_FLAGS: Readonly<Record<string, FlagKind>> = {
+  config: "value",
+  "data-dir": "value",
+  "database-url": "value"
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Argument helpers
+
+const usage = (message: string) => new UsageError({ message })
+
+const text = (flags: Flags, name: string): string | undefined => {
+  const value = flags[name]
+  return typeof value === "string" ? value : undefined
+}
+
+const required = (flags: Flags, name: string): Effect.Effect<string, UsageError> => {
+  const value = text(flags, name)
+  return value === undefined || value.trim() === ""
+    ? Effect.fail(usage(`missing required flag --${name}`))
+    : Effect.succeed(value)
+}
+
+const parseStatus = (value: string): Effect.Effect<AccountStatus, UsageError> =>
+  (ACCOUNT_STATUSES as ReadonlyArray<string>).includes(value)
+    ? Effect.succeed(value as AccountStatus)
+    : Effect.fail(usage(`--status must be one of ${ACCOUNT_STATUSES.join(", ")}, got "${value}"`))
+
+const parsePositiveInt = (name: string, value: string): Effect.Effect<number, UsageError> =>
+  /^[1-9]\d{0,15}$/.test(value) && Number.isSafeInteger(Number(value))
+    ? Effect.succeed(Number(value))
+    : Effect.fail(usage(`--${name} must be a positive integer, got "${value}"`))
+
+/** `--account ID` or `--username U`, exactly one; an unknown account is a usage error. */
+const resolveAccount = (flags: Flags, idFlag: string) =>
+  Effect.gen(function*() {
+    const repo = yield* AccountsRepo
+    const id = text(flags, idFlag)
+    const username = text(flags, "username")
+    if (id !== undefined && username !== undefined) {
+      return yield* Effect.fail(usage(`give either --${idFlag} or --username, not both`))
+    }
+    if (id !== undefined) {
+      const account = yield* repo.findAccount(id)
+      return account ?? (yield* Effect.fail(usage(`no account with id "${id}"`)))
+    }
+    if (username !== undefined) {
+      const account = yield* repo.findAccountByUsername(username)
+      return account ?? (yield* Effect.fail(usage(`no account with username "${username}"`)))
+    }
+    return yield* Effect.fail(usage(`missing --${idFlag} ID or --username U`))
+  })
+
+const iso = (date: Date | null): string => (date ? date.toISOString().replace(/\.\d{3}Z$/, "Z") : "never")
+
+const describe = (account: AccountRow) => `${account.username} (${account.id})`
+
+/** Terminal columns of a string: Hangul and other wide characters take two. */
+const width = (s: string): number => {
+  let w = 0
+  for (const ch of s) {
+    const c = ch.codePointAt(0)!
+    w += (c >= 0x1100 && c <= 0x115f) || (c >= 0x2e80 && c <= 0xa4cf) || (c >= 0xac00 && c <= 0xd7a3) ||
+        (c >= 0xf900 && c <= 0xfaff) || (c >= 0xff00 && c <= 0xff60) || (c >= 0xffe0 && c <= 0xffe6)
+      ? 2
+      : 1
+  }
+  return w
+}
+
+export const formatTable = (header: ReadonlyArray<string>, rows: ReadonlyArray<ReadonlyArray<string>>): string => {
+  const widths = header.map((h, i) => Math.max(width(h), ...rows.map((r) => width(r[i] ?? ""))))
+  const line = (cells: ReadonlyArray<string>) =>
+    cells.map((cell, i) => (i === cells.length - 1 ? cell : cell + " ".repeat(widths[i]! - width(cell)))).join("  ")
+      .trimEnd()
+  return [line(header), ...rows.map(line)].join("\n")
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Commands
+
+const accountCreate: CommandSpec = {
+  usage:
+    "account:create --username U --display-name D [--community-id X] [--community-type T] [--email E]\n" +
+    "               [--status active|unlinked|revoked] [--legacy] [--needs-migration] [--admin]\n" +
+    "               [--guest-expires ISO] [--plan NAME]",
+  summary: "create an account; prints its id",
+  flags: {
+    username: "value",
+    "display-name": "value",
+    "community-id": "value",
+    "community-type": "value",
+    email: "value",
+    status: "value",
+    legacy: "boolean",
+    "needs-migration": "boolean",
+    admin: "boolean",
+    "guest-expires": "value",
+    plan: "value"
+  },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const repo = yield* AccountsRepo
+      const username = yield* required(flags, "username")
+      const displayName = yield* required(flags, "display-name")
+      const status = text(flags, "status") === undefined ? "active" : yield* parseStatus(text(flags, "status")!)
+      const plan = text(flags, "plan")
+      if (plan !== undefined && !(plan in env.config.plans)) {
+        return yield* Effect.fail(
+          usage(`--plan: no plan named "${plan}" (configured: ${Object.keys(env.config.plans).join(", ")})`)
+        )
+      }
+      const guest = text(flags, "guest-expires")
+      let guestExpiresAt: Date | undefined
+      if (guest !== undefined) {
+        guestExpiresAt = new Date(guest)
+        if (!/^\d{4}-\d{2}-\d{2}/.test(guest) || Number.isNaN(guestExpiresAt.getTime())) {
+          return yield* Effect.fail(usage(`--guest-expires must be an ISO date-time, got "${guest}"`))
+        }
+      }
+      const email = text(flags, "email")
+      if (email !== undefined && !/^[^\s@]+@[^\s@]+$/.test(email)) {
+        return yield* Effect.fail(usage(`--email is not an email address: "${email}"`))
+      }
+      if (yield* repo.findAccountByUsername(username)) {
+        return yield* Effect.fail(usage(`username "${username}" is taken`))
+      }
+      const account = yield* repo.createAccount({
+        username,
+        displayName,
+        communityId: text(flags, "community-id"),
+        communityType: text(flags, "community-type"),
+        email,
+        status,
+        isLegacy: flags.legacy === true,
+        needsMigration: flags["needs-migration"] === true,
+        isAdmin: flags.admin === true,
+        isGuest: guestExpiresAt !== undefined,
+        guestExpiresAt,
+        plan
+      })
+      yield* repo.audit(account.id, "account_create", account.id, { via: "cli" })
+      yield* env.out(account.id)
+    })
+}
+
+const accountStatus: CommandSpec = {
+  usage: "account:status (--id ID | --username U) --status active|unlinked|revoked",
+  summary: "set an account's status",
+  flags: { id: "value", username: "value", status: "value" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const repo = yield* AccountsRepo
+      const status = yield* parseStatus(yield* required(flags, "status"))
+      const account = yield* resolveAccount(flags, "id")
+      yield* repo.setStatus(account.id, status)
+      yield* repo.audit(account.id, "account_status", account.id, { via: "cli", from: account.status, to: status })
+      yield* env.announce(`account:${account.id}`)
+      yield* env.out(`${describe(account)}: status ${account.status} -> ${status}`)
+      if (env.cacheNote) yield* env.out(env.cacheNote)
+    })
+}
+
+const keyCreate: CommandSpec = {
+  usage: "key:create (--account ID | --username U) [--label L] [--legacy]",
+  summary: "issue a key; prints the plaintext once",
+  flags: { account: "value", username: "value", label: "value", legacy: "boolean" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const repo = yield* AccountsRepo
+      const account = yield* resolveAccount(flags, "account")
+      const label = text(flags, "label") ?? DEFAULT_KEY_LABEL
+      if (label.trim() === "") return yield* Effect.fail(usage("--label must not be empty"))
+      const active = yield* repo.countActiveKeys(account.id)
+      if (active >= Accounts.MAX_ACTIVE_KEYS) {
+        return yield* Effect.fail(
+          usage(`${describe(account)} already holds ${active} active keys (max ${Accounts.MAX_ACTIVE_KEYS})`)
+        )
+      }
+      const { key, row } = yield* repo.createKey(account.id, label, { legacy: flags.legacy === true })
+      yield* repo.audit(account.id, "key_create", String(row.id), { via: "cli", label: row.label })
+      yield* env.out(`Key ${row.id} ("${row.label}") created for ${describe(account)}; it is shown only this once:`)
+      yield* env.out(`API key: ${key}`)
+    })
+}
+
+const keyList: CommandSpec = {
+  usage: "key:list (--account ID | --username U)",
+  summary: "list an account's active keys",
+  flags: { account: "value", username: "value" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const repo = yield* AccountsRepo
+      const account = yield* resolveAccount(flags, "account")
+      const keys = yield* repo.listActiveKeys(account.id)
+      if (keys.length === 0) return yield* env.out(`${describe(account)} has no active keys`)
+      const rows = keys.map((k: KeyRow) => [
+        String(k.id),
+        k.label,
+        k.key_prefix ?? "-",
+        iso(k.created_at),
+        iso(k.last_used_at),
+        repo.reveal(k) !== null ? "yes" : "no",
+        k.legacy || k.key_prefix === null ? "yes" : "no"
+      ])
+      yield* env.out(formatTable(["ID", "LABEL", "PREFIX", "CREATED", "LAST USED", "REVEALABLE", "LEGACY"], rows))
+    })
+}
+
+const keyRevoke: CommandSpec = {
+  usage: "key:revoke --id N",
+  summary: "revoke a key (every gateway rejects it on its next request)",
+  flags: { id: "value" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const repo = yield* AccountsRepo
+      const id = yield* parsePositiveInt("id", yield* required(flags, "id"))
+      const row = yield* repo.revokeKeyById(id)
+      if (row === null) return yield* Effect.fail(usage(`no active key with id ${id}`))
+      yield* repo.audit(row.account_id, "key_delete", String(row.id), { via: "cli" })
+      yield* env.announce(`key:${row.key_hash}`)
+      yield* env.out(`Key ${row.id} ("${row.label}") of ${row.account_id} revoked`)
+      if (env.cacheNote) yield* env.out(env.cacheNote)
+    })
+}
+
+const sessionCreate: CommandSpec = {
+  usage: "session:create (--account ID | --username U) [--hours 24]",
+  summary: "open a dashboard session; prints the ws-session cookie",
+  flags: { account: "value", username: "value", hours: "value" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const repo = yield* AccountsRepo
+      const account = yield* resolveAccount(flags, "account")
+      const raw = text(flags, "hours") ?? "24"
+      const hours = Number(raw)
+      if (!/^\d+(\.\d+)?$/.test(raw) || !(hours > 0 && hours <= 24 * 365)) {
+        return yield* Effect.fail(usage(`--hours must be a number of hours between 0 and 8760, got "${raw}"`))
+      }
+      const token = yield* repo.createSession(account.id, hours)
+      yield* env.out(`Session for ${describe(account)}, valid for ${hours} h:`)
+      yield* env.out(`ws-session=${token}`)
+    })
+}
+
+export const commands: Readonly<Record<string, CommandSpec>> = {
+  "account:create": accountCreate,
+  "account:status": accountStatus,
+  "key:create": keyCreate,
+  "key:list": keyList,
+  "key:revoke": keyRevoke,
+  "session:create": sessionCreate
+}
+
+export const helpText = (command?: string): string => {
+  const spec = command ? commands[command] : undefined
+  if (spec) {
+    return `Usage: npm run cli -- ${spec.usage}\n\n${spec.summary}.\n\n` +
+      "Global flags: --config PATH  --data-dir DIR  --database-url URL (override config/gateway.yaml and env)\n"
+  }
+  const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(15)} ${c.summary}`)
+  return [
+    "Usage: npm run cli -- <command> [flags]",
+    "",
+    "Commands:",
+    ...lines,
+    "",
+    "Global flags (same layers as the gateway: config file, then env, then these):",
+    "  --config PATH        config file (default config/gateway.yaml, env WELLSPRING_CONFIG)",
+    "  --data-dir DIR       embedded data folder (env WELLSPRING_DATA_DIR)",
+    "  --database-url URL   PostgreSQL (env DATABASE_URL); unset means the embedded database",
+    "",
+    "Run `npm run cli -- <command> --help` for a command's flags.",
+    ""
+  ].join("\n")
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Parsing
+
+export type Parsed =
+  | { readonly _tag: "help"; readonly command?: string }
+  | { readonly _tag: "run"; readonly command: string; readonly flags: Flags }
+
+/** Splits argv into a command and its flags; throws UsageError. */
+export const parseArgs = (argv: ReadonlyArray<string>): Parsed => {
+  let command: string | undefined
+  let help = false
+  const tokens: Array<string> = []
+  for (const arg of argv) {
+    if (arg === "--help" || arg === "-h" || (arg === "help" && command === undefined)) help = true
+    else if (!arg.startsWith("-") && command === undefined && (tokens.length === 0 || !expectsValue(tokens))) {
+      command = arg
+    } else tokens.push(arg)
+  }
+  if (command !== undefined && !(command in commands)) {
+    throw usage(`unknown command "${command}" (commands: ${Object.keys(commands).join(", ")})`)
+  }
+  if (help) return command === undefined ? { _tag: "help" } : { _tag: "help", command }
+  if (command === undefined) throw usage("missing command")
+  const spec = { ...GLOBAL_FLAGS, ...commands[command]!.flags }
+  const flags: Record<string, string | true> = {}
+  for (let i = 0; i < tokens.length; i++) {
+    const arg = tokens[i]!
+    if (!arg.startsWith("--") || arg === "--") throw usage(`unexpected argument "${arg}"`)
+    const eq = arg.indexOf("=")
+    const name = eq > 0 ? arg.slice(2, eq) : arg.slice(2)
+    const kind = spec[name]
+    if (kind === undefined) throw usage(`unknown flag --${name} for ${command}`)
+    if (name in flags) throw usage(`flag --${name} given twice`)
+    if (kind === "boolean") {
+      if (eq > 0) throw usage(`flag --${name} takes no value`)
+      flags[name] = true
+      continue
+    }
+    const value = eq > 0 ? arg.slice(eq + 1) : tokens[++i]
+    if (value === undefined || (eq < 0 && value.startsWith("--"))) throw usage(`flag --${name} needs a value`)
+    flags[name] = value
+  }
+  return { _tag: "run", command, flags }
+}
+
+/** True when the last token is a global flag still waiting for its value (`--config PATH`). */
+const expectsValue = (tokens: ReadonlyArray<string>): boolean => {
+  const last = tokens[tokens.length - 1]!
+  return last.startsWith("--") && !last.includes("=") && GLOBAL_FLAGS[last.slice(2)] === "value"
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Running
+
+const storage = (config: GatewayConfig, path: string) => {
+  const settings = Layer.succeed(Settings, makeSettings(config, path))
+  const owner = config.database_url ? null : EmbeddedLock.currentOwner(config.data_dir)
+  if (owner && owner.port === null) {
+    throw new CliFailure(`the gateway (process ${owner.pid}) is still opening ${config.data_dir}; try again`)
+  }
+  // Embedded mode with a running gateway: attach to its pglite-socket instead of opening the folder twice.
+  const sql = owner
+    ? Layer.provideMerge(
+      Layer.effectDiscard(Effect.orDie(Sql.runMigrations)),
+      Sql.layerLoopback(owner.port!).pipe(Layer.mapError((cause) =>
+        new Sql.StoreError({
+          message: `cannot reach the running gateway's embedded database (process ${owner.pid}, port ${owner.port}): ${
+            Sql.rootMessage(cause)
+          }`,
+          cause
+        })
+      ))
+    )
+    : Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir })
+  return { layer: Layer.provideMerge(Accounts.layer, Layer.merge(settings, sql)), owner }
+}
+
+class CliFailure extends Error {}
+
+/** One line for any failure: the tagged error's message and its root cause. */
+export const describeFailure = (cause: Cause.Cause<unknown>): string => {
+  const error = Cause.squash(cause)
+  const message = (error as { message?: unknown })?.message
+  const head = typeof message === "string" && message ? message : String(error)
+  const root = Sql.rootMessage(error)
+  return (head.includes(root) ? head : `${head}: ${root}`).replace(/\s*\n\s*/g, " ")
+}
+
+export interface Io {
+  readonly out: (s: string) => void
+  readonly err: (s: string) => void
+}
+
+/** Runs the CLI; resolves to the exit code. Output goes through `io` (stdout / stderr by default). */
+export const run = async (
+  argv: ReadonlyArray<string>,
+  io: Io = { out: (s) => process.stdout.write(s), err: (s) => process.stderr.write(s) },
+  processEnv: NodeJS.ProcessEnv = process.env
+): Promise<number> => {
+  const fatal = (message: string, code: number) => {
+    io.err(`wellspring-cli: ${message}\n`)
+    if (code === 2) io.err("Run `npm run cli -- --help` for usage.\n")
+    return code
+  }
+  let parsed: Parsed
+  try {
+    parsed = parseArgs(argv)
+  } catch (error) {
+    if (error instanceof UsageError) return fatal(error.message, 2)
+    throw error
+  }
+  if (parsed._tag === "help") {
+    io.out(helpText(parsed.command))
+    return 0
+  }
+  const { command, flags } = parsed
+  let config: GatewayConfig
+  let layer: ReturnType<typeof storage>["layer"]
+  let owner: EmbeddedLock.EmbeddedOwner | null
+  try {
+    const loaded = loadConfig({
+      env: processEnv,
+      flags: { configPath: text(flags, "config"), dataDir: text(flags, "data-dir"), databaseUrl: text(flags, "database-url") }
+    })
+    config = loaded.config
+    ;({ layer, owner } = storage(config, loaded.path))
+  } catch (error) {
+    if (error instanceof ConfigLoadError) return fatal(error.message, 2)
+    if (error instanceof CliFailure) return fatal(error.message, 1)
+    return fatal(`cannot start: ${(error as Error).message}`, 1)
+  }
+  const env: CommandEnv = {
+    config,
+    announce: (message) =>
+      config.database_url
+        ? SqlClient.SqlClient.pipe(
+          Effect.flatMap((sql) => Sql.notify(sql, INVALIDATION_CHANNEL, message)),
+          Effect.catchAll((e) =>
+            Effect.sync(() => io.err(`warning: could not notify running gateways: ${Sql.rootMessage(e)}\n`))
+          )
+        )
+        : Effect.void,
+    cacheNote: owner
+      ? `note: the running embedded gateway (process ${owner.pid}) may keep this key or account in its cache for up to 60 s`
+      : null,
+    out: (line) => Effect.sync(() => io.out(line + "\n"))
+  }
+  const program = commands[command]!.run(flags, env).pipe(Effect.provide(layer))
+  const exit = await Effect.runPromiseExit(program as Effect.Effect<void, UsageError | Sql.StoreError>)
+  if (Exit.isSuccess(exit)) return 0
+  const failure = Cause.failureOption(exit.cause)
+  if (Option.isSome(failure) && failure.value instanceof UsageError) return fatal(failure.value.message, 2)
+  return fatal(describeFailure(exit.cause), 1)
+}
+
+const isMain = process.argv[1] !== undefined && Url.pathToFileURL(process.argv[1]).href === import.meta.url
+if (isMain) {
+  run(process.argv.slice(2)).then(
+    (code) => process.exit(code),
+    (error) => {
+      process.stderr.write(`wellspring-cli: ${(error as Error).message}\n`)
+      process.exit(1)
+    }
+  )
+}

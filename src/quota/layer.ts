@@ -1,0 +1,32 @@
+/**
+ * Chooses the admission backend from configuration (ARCHITECTURE §2): Redis when a URL is given (production:
+ * shared by all replicas), otherwise in-process actors (embedded mode). With a SqlClient, the memory backend
+ * persists write-behind to PostgreSQL and the Redis backend snapshots to / rebuilds from it.
+ */
+import { SqlClient } from "@effect/sql"
+import { Effect, Layer, type Redacted } from "effect"
+import type { Admission } from "./Admission.js"
+import { layerMemory } from "./AdmissionMemory.js"
+import { layerRedis } from "./AdmissionRedis.js"
+import type { AbuseSettings } from "./Policy.js"
+
+export interface AdmissionConfig {
+  readonly abuse: AbuseSettings
+  /** Redis URL; when absent the in-process backend is used. */
+  readonly redisUrl?: string | Redacted.Redacted<string> | undefined
+  /** Key prefix in Redis (default `ws:q:`). */
+  readonly keyPrefix?: string | undefined
+  /** PostgreSQL persistence (memory: write-behind; Redis: snapshot + rebuild). */
+  readonly sql?: SqlClient.SqlClient | undefined
+}
+
+export const layerFromConfig = (config: AdmissionConfig): Layer.Layer<Admission> =>
+  config.redisUrl === undefined
+    ? layerMemory({ abuse: config.abuse, sql: config.sql })
+    : layerRedis({ abuse: config.abuse, url: config.redisUrl, keyPrefix: config.keyPrefix, sql: config.sql })
+
+/** Same, with persistence through the context's SqlClient. */
+export const layerFromConfigWithSql = (
+  config: Omit<AdmissionConfig, "sql">
+): Layer.Layer<Admission, never, SqlClient.SqlClient> =>
+  Layer.unwrapEffect(Effect.map(SqlClient.SqlClient, (sql) => layerFromConfig({ ...config, sql })))

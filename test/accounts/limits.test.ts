@@ -1,0 +1,138 @@
+/**
+ * Rate windows of the account endpoints on the TestClock, against the real in-memory admission limiter
+ * (the same primitive the Redis engine serves across replicas). No real sleeps.
+ */
+import { describe, expect, it } from "@effect/vitest"
+import { Effect, Either, TestClock } from "effect"
+import { enforce, limitKey, READ_LIMIT, REVEAL_LIMIT } from "../../src/accounts/Limits.js"
+import { parseLimit, parseModel, parseRange } from "../../src/accounts/Metrics.js"
+import { parseKeyId, labelFrom } from "../../src/accounts/Keys.js"
+import { poolView } from "../../src/accounts/Snapshot.js"
+import { layerMemory } from "../../src/quota/AdmissionMemory.js"
+
+const admission = layerMemory({ abuse: { burst: 300, window_seconds: 10, cooldown_seconds: 60 } })
+
+const hits = (n: number, effect: Effect.Effect<void, unknown, any>) =>
+  Effect.forEach(Array.from({ length: n }), () => Effect.either(effect))
+
+describe("account endpoint rate windows (TestClock)", () => {
+  it.effect("reveal: 30 per 60 s window, the 31st is 429 with the seconds left, the next window is fresh", () =>
+    Effect.gen(function*() {
+      const results = yield* hits(31, enforce(REVEAL_LIMIT, "acc_a"))
+      expect(results.slice(0, 30).every(Either.isRight)).toBe(true)
+      const over = results[30]!
+      expect(Either.isLeft(over)).toBe(true)
+      if (Either.isLeft(over)) {
+        const error = over.left as { code: string; retryAfter: number; status: number }
+        expect(error.code).toBe("rate_limited")
+        expect(error.status).toBe(429)
+        expect(error.retryAfter).toBe(60)
+      }
+      yield* TestClock.adjust("45 seconds")
+      const still = yield* Effect.either(enforce(REVEAL_LIMIT, "acc_a"))
+      expect(Either.isLeft(still) && (still.left as { retryAfter: number }).retryAfter).toBe(15)
+      yield* TestClock.adjust("15 seconds")
+      const fresh = yield* hits(30, enforce(REVEAL_LIMIT, "acc_a"))
+      expect(fresh.every(Either.isRight)).toBe(true)
+      expect(Either.isLeft(yield* Effect.either(enforce(REVEAL_LIMIT, "acc_a")))).toBe(true)
+    }).pipe(Effect.provide(admission)))
+
+  it.effect("metrics and requests share one budget of 120 per minute, per account", () =>
+    Effect.gen(function*() {
+      // Both endpoints call enforce(READ_LIMIT, ...): one key per account.
+      expect(limitKey(READ_LIMIT, "acc_b")).toBe("acct:metrics:acc_b")
+      const first = yield* hits(120, enforce(READ_LIMIT, "acc_b"))
+      expect(first.every(Either.isRight)).toBe(true)
+      expect(Either.isLeft(yield* Effect.either(enforce(READ_LIMIT, "acc_b")))).toBe(true)
+      // Other accounts and the reveal budget are independent.
+      expect(Either.isRight(yield* Effect.either(enforce(READ_LIMIT, "acc_c")))).toBe(true)
+      expect(Either.isRight(yield* Effect.either(enforce(REVEAL_LIMIT, "acc_b")))).toBe(true)
+      yield* TestClock.adjust("59999 millis")
+      expect(Either.isLeft(yield* Effect.either(enforce(READ_LIMIT, "acc_b")))).toBe(true)
+      yield* TestClock.adjust("1 millis")
+      expect(Either.isRight(yield* Effect.either(enforce(READ_LIMIT, "acc_b")))).toBe(true)
+    }).pipe(Effect.provide(admission)))
+})
+
+describe("request parsing rules", () => {
+  it("limit: non-number, negative, zero or empty -> 20; above 50 -> 50", () => {
+    expect(parseLimit(null)).toBe(20)
+    expect(parseLimit("")).toBe(20)
+    expect(parseLimit("  ")).toBe(20)
+    expect(parseLimit("abc")).toBe(20)
+    expect(parseLimit("10abc")).toBe(20)
+    expect(parseLimit("-1")).toBe(20)
+    expect(parseLimit("0")).toBe(20)
+    expect(parseLimit("Infinity")).toBe(20)
+    expect(parseLimit("1")).toBe(1)
+    expect(parseLimit("49.9")).toBe(49)
+    expect(parseLimit("50")).toBe(50)
+    expect(parseLimit("51")).toBe(50)
+  })
+
+  it.effect("range: default 24h, the five allowed values, anything else 400 listing them", () =>
+    Effect.gen(function*() {
+      expect(yield* parseRange(null)).toBe("24h")
+      expect(yield* parseRange("")).toBe("24h")
+      for (const r of ["1h", "4h", "24h", "7d", "30d"]) expect(yield* parseRange(r)).toBe(r)
+      for (const bad of ["toString", "__proto__", "2h", "24"]) {
+        const result = yield* Effect.either(parseRange(bad))
+        expect(Either.isLeft(result)).toBe(true)
+        if (Either.isLeft(result)) {
+          expect(result.left.status).toBe(400)
+          expect(result.left.userMessage).toContain("1h, 4h, 24h, 7d, 30d")
+        }
+      }
+    }))
+
+  it("model: truncated to 128 characters (code points), empty is unset", () => {
+    expect(parseModel(null)).toBeNull()
+    expect(parseModel("")).toBeNull()
+    expect(parseModel("x".repeat(200))).toBe("x".repeat(128))
+    expect(Array.from(parseModel("가".repeat(200))!)).toHaveLength(128)
+  })
+
+  it.effect("key ids: positive integers only", () =>
+    Effect.gen(function*() {
+      expect(yield* parseKeyId("1")).toBe(1)
+      expect(yield* parseKeyId("123456")).toBe(123456)
+      for (const bad of [undefined, "", "0", "-3", "+3", "01", "1.0", "1e2", " 1", "99999999999999999"]) {
+        expect(Either.isLeft(yield* Effect.either(parseKeyId(bad)))).toBe(true)
+      }
+    }))
+
+  it("labels: default 새 키, trimmed, truncated to 40 code points", () => {
+    expect(labelFrom(undefined)).toBe("새 키")
+    expect(labelFrom({})).toBe("새 키")
+    expect(labelFrom({ label: 5 })).toBe("새 키")
+    expect(labelFrom({ label: "  " })).toBe("새 키")
+    expect(labelFrom({ label: " ci " })).toBe("ci")
+    expect(labelFrom({ label: "🔑".repeat(45) })).toBe("🔑".repeat(40))
+  })
+})
+
+describe("plan pool view", () => {
+  const pool = { used: 1234.4, limit: 5000, used_pct: 24.69, remaining_pct: 75.31, resets_at: 1_800_000_000_000, resets_in_seconds: 100 }
+  const byModel = [{ model_id: "ws-pro", request_count: 3, weighted: 1234.567, pct_of_total: 100 }]
+
+  it("visible absolutes", () => {
+    expect(poolView(pool, false, byModel, "session")).toEqual({
+      used: 1234,
+      limit: 5000,
+      remaining: 3766,
+      used_pct: 24.69,
+      resets_at: new Date(1_800_000_000_000).toISOString(),
+      resets_in_seconds: 100,
+      active: true,
+      by_model: [{ model_id: "ws-pro", weighted: 1234.57, request_count: 3, pct_of_total: 100 }]
+    })
+  })
+
+  it("hidden absolutes: used, limit, remaining and weighted are all null; used_pct stays", () => {
+    const view = poolView({ ...pool, anchor_at: 1_799_000_000_000 }, true, byModel, "weekly")
+    expect(view).toMatchObject({ used: null, limit: null, remaining: null, used_pct: 24.69 })
+    expect(view.by_model[0]!.weighted).toBeNull()
+    expect("active" in view).toBe(false)
+    expect((view as { anchor_at: string }).anchor_at).toBe(new Date(1_799_000_000_000).toISOString())
+  })
+})

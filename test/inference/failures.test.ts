@@ -1,0 +1,255 @@
+/**
+ * Upstream failures and client disconnects (spec: Event 7, Errors for chat; ARCHITECTURE §4–5):
+ * before the first byte a JSON envelope with its real status; mid-stream the connection ends without
+ * `[DONE]`; a client that goes away interrupts the upstream request; every admission ticket is released
+ * and charged at most once, and every request leaves exactly one row.
+ */
+import * as Net from "node:net"
+import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { startGateway, type TestGateway } from "../support/Gateway.js"
+import { Behaviour, Chunks, type MockUpstream, raw, startMockUpstream } from "../support/MockUpstream.js"
+import { makeUnlimitedAdmission } from "../support/UnlimitedAdmission.js"
+import {
+  addMockModel,
+  eventually,
+  expectError,
+  parseSse,
+  postChat,
+  readBody,
+  rowById,
+  rowIdOf,
+  user
+} from "./helpers.js"
+
+const closedPort = async () => {
+  const server = Net.createServer()
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r))
+  const port = (server.address() as Net.AddressInfo).port
+  await new Promise<void>((r) => server.close(() => r()))
+  return port
+}
+
+const hi = [user("hello")]
+
+describe("chat failures", () => {
+  let gw: TestGateway
+  let mock: MockUpstream
+  const adm = makeUnlimitedAdmission()
+
+  beforeAll(async () => {
+    mock = await startMockUpstream()
+    const deadPort = await closedPort()
+    gw = await startGateway({
+      admission: adm.layer,
+      configure: (doc) => {
+        addMockModel(doc, { baseUrl: mock.url, timeouts: { first_token_ms: 400, idle_ms: 400, total_ms: 5_000 } })
+        addMockModel(doc, { id: "ws-dead", provider: "dead", baseUrl: `http://127.0.0.1:${deadPort}/v1` })
+      }
+    })
+  })
+  afterAll(async () => {
+    const t0 = Date.now()
+    await gw?.stop()
+    console.log("STOP gw", Date.now() - t0)
+    await mock?.close()
+    console.log("STOP mock", Date.now() - t0)
+  })
+  afterEach(async () => {
+    // Nothing leaks: every ticket is released (a cancelled stream releases it just after the response).
+    await eventually(() => expect(adm.stats.open).toBe(0))
+  })
+
+  /** Each ticket is either settled or refunded, once. */
+  const charges = () => ({ settled: adm.stats.settled.length, refunded: adm.stats.refunded, admitted: adm.stats.admitted })
+
+  describe("before the first byte: a JSON envelope with the real status", () => {
+    it.each([false, true])("upstream 500 -> 500 upstream_error (stream: %s), reservation refunded", async (stream) => {
+      mock.script(Behaviour.status(500, { error: { message: "internal upstream failure" } }))
+      const before = charges()
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream })
+      expect(res.headers.get("content-type")).toContain("application/json")
+      await expectError(res, 500, "upstream_error", "server_error")
+      const row = await rowById(gw, rowIdOf(res))
+      expect(row).toMatchObject({ status: "error", error_code: "upstream_error", http_status: 500, stream })
+      expect(row.error).toContain("500")
+      expect(charges()).toEqual({ ...before, admitted: before.admitted + 1, refunded: before.refunded + 1 })
+    })
+
+    it("upstream 400 -> 500 upstream_rejected", async () => {
+      mock.script(Behaviour.status(400, { error: { message: "bad param" } }))
+      const res = await postChat(gw, { model: "ws-mock", messages: hi })
+      await expectError(res, 500, "upstream_rejected", "server_error")
+    })
+
+    it.each([false, true])("upstream 429 -> 503 upstream_rate_limited with Retry-After (stream: %s)", async (stream) => {
+      mock.script(Behaviour.rateLimited())
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream })
+      await expectError(res, 503, "upstream_rate_limited", "service_unavailable")
+      expect(res.headers.get("retry-after")).toBe("5")
+      const row = await rowById(gw, rowIdOf(res))
+      expect(row).toMatchObject({ status: "error", error_code: "upstream_rate_limited", http_status: 503 })
+    })
+
+    it.each([false, true])("connection refused -> 503 service_unavailable (stream: %s)", async (stream) => {
+      const before = charges()
+      const res = await postChat(gw, { model: "ws-dead", messages: hi, stream })
+      await expectError(res, 503, "service_unavailable", "service_unavailable")
+      const row = await rowById(gw, rowIdOf(res))
+      expect(row).toMatchObject({ status: "error", error_code: "service_unavailable", provider: "dead" })
+      expect(charges().refunded).toBe(before.refunded + 1)
+    })
+
+    it.each([false, true])("no answer within first_token_ms -> 503 upstream_timeout (stream: %s)", async (stream) => {
+      mock.script(Behaviour.hangBeforeHeaders())
+      const aborts = mock.clientAborts()
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream })
+      await expectError(res, 503, "upstream_timeout", "service_unavailable")
+      const row = await rowById(gw, rowIdOf(res))
+      expect(row).toMatchObject({ status: "error", error_code: "upstream_timeout" })
+      // The gateway gave up on the upstream request: its socket is closed.
+      await mock.waitForClientAborts(aborts + 1)
+    })
+
+    it("headers but no first token within first_token_ms -> JSON 503 upstream_timeout, not a stream", async () => {
+      mock.script(Behaviour.hangAfter([]))
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
+      expect(res.headers.get("content-type")).toContain("application/json")
+      await expectError(res, 503, "upstream_timeout", "service_unavailable")
+    })
+
+    it("upstream drops the connection before headers -> 503 service_unavailable", async () => {
+      mock.script(Behaviour.dropBeforeHeaders())
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
+      await expectError(res, 503, "service_unavailable", "service_unavailable")
+    })
+
+    it("an error object inside a 200 stream before any content -> 500 upstream_error", async () => {
+      mock.script(Behaviour.stream([{ error: { message: "model crashed" } }]))
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
+      await expectError(res, 500, "upstream_error", "server_error")
+    })
+
+    it("a non-JSON 200 answer to a non-streaming request -> 500 upstream_error", async () => {
+      mock.script(Behaviour.json("<html>gateway</html>"))
+      const res = await postChat(gw, { model: "ws-mock", messages: hi })
+      await expectError(res, 500, "upstream_error", "server_error")
+    })
+  })
+
+  describe("mid-stream: the connection ends without [DONE]", () => {
+    const expectCutStream = async (res: Response) => {
+      expect(res.status).toBe(200)
+      expect(res.headers.get("content-type")).toContain("text/event-stream")
+      const { text } = await readBody(res)
+      const sse = parseSse(text)
+      expect(sse.done).toBe(false)
+      expect(sse.chunks[0].choices[0].delta.role).toBe("assistant")
+      expect(sse.chunks.every((c) => c.choices[0].finish_reason === null)).toBe(true)
+      return sse
+    }
+
+    it("upstream drops the connection mid-stream: partial frames, no [DONE], row status error", async () => {
+      mock.script(Behaviour.dropAfter([Chunks.role(), Chunks.content("partial "), Chunks.content("answer")]))
+      const before = charges()
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
+      const rowId = rowIdOf(res)
+      const sse = await expectCutStream(res)
+      expect(sse.chunks.map((c) => c.choices[0].delta.content ?? "").join("")).toBe("partial answer")
+      const row = await rowById(gw, rowId)
+      expect(row).toMatchObject({ status: "error", error_code: "upstream_error", stream: true })
+      expect(row.ttfb_ms).not.toBeNull()
+      // Delivered output is charged once, never refunded too.
+      expect(charges()).toEqual({ admitted: before.admitted + 1, settled: before.settled + 1, refunded: before.refunded })
+      expect(adm.stats.settled.at(-1)).toBeGreaterThan(0)
+    })
+
+    it("upstream goes idle longer than idle_ms mid-stream: no [DONE], row upstream_timeout, upstream socket closed", async () => {
+      mock.script(Behaviour.hangAfter([Chunks.role(), Chunks.content("partial")]))
+      const aborts = mock.clientAborts()
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
+      const rowId = rowIdOf(res)
+      await expectCutStream(res)
+      expect(await rowById(gw, rowId)).toMatchObject({ status: "error", error_code: "upstream_timeout" })
+      await mock.waitForClientAborts(aborts + 1)
+    })
+
+    it("an error object mid-stream: no [DONE], row upstream_error", async () => {
+      mock.script(Behaviour.stream([Chunks.role(), Chunks.content("partial"), { error: { message: "overloaded" } }]))
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
+      const rowId = rowIdOf(res)
+      await expectCutStream(res)
+      expect(await rowById(gw, rowId)).toMatchObject({ status: "error", error_code: "upstream_error" })
+    })
+
+    it("a stream that ends without finish_reason or [DONE] is a failure, not a success", async () => {
+      mock.script(Behaviour.stream([Chunks.role(), Chunks.content("partial")], { done: false }))
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
+      const rowId = rowIdOf(res)
+      await expectCutStream(res)
+      expect(await rowById(gw, rowId)).toMatchObject({ status: "error", error_code: "upstream_error" })
+    })
+
+    it("malformed frames are skipped; the stream completes", async () => {
+      mock.script(Behaviour.stream([
+        Chunks.role(),
+        raw("data: {not json\n\n"),
+        Chunks.content("fine"),
+        raw(": upstream comment\n\n"),
+        Chunks.finish("stop")
+      ]))
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
+      const sse = parseSse(await res.text())
+      expect(sse.doneLast).toBe(true)
+      expect(sse.chunks.map((c) => c.choices[0].delta.content ?? "").join("")).toBe("fine")
+    })
+  })
+
+  describe("client disconnect", () => {
+    it("mid-stream: the upstream socket is closed, the ticket released and charged for delivered output only", async () => {
+      mock.script(Behaviour.hangAfter([Chunks.role(), Chunks.content("first words "), Chunks.content("then more")]))
+      const aborts = mock.clientAborts()
+      const before = charges()
+      const controller = new AbortController()
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true }, { signal: controller.signal })
+      expect(res.status).toBe(200)
+      const rowId = rowIdOf(res)
+      const reader = res.body!.getReader()
+      const decoder = new TextDecoder()
+      let text = ""
+      while (!text.includes("then more")) {
+        const { value, done } = await reader.read()
+        if (done) throw new Error(`stream ended early: ${text}`)
+        text += decoder.decode(value, { stream: true })
+      }
+      controller.abort()
+      await mock.waitForClientAborts(aborts + 1)
+      await eventually(() => expect(adm.stats.open).toBe(0))
+      expect(charges()).toEqual({ admitted: before.admitted + 1, settled: before.settled + 1, refunded: before.refunded })
+      // "first words then more" is 21 chars: about 6 tokens at 4 chars per token, weight 2.
+      const charged = adm.stats.settled.at(-1)!
+      expect(charged).toBeGreaterThan(0)
+      await eventually(async () => {
+        const row = await rowById(gw, rowId)
+        expect(row).toMatchObject({ status: "cancelled", http_status: 499, stream: true })
+        expect(row.output_tokens).toBe(Math.ceil("first words then more".length / 4))
+      })
+    })
+
+    it("before the first byte (non-streaming): the upstream request is aborted and the reservation refunded", async () => {
+      mock.script(Behaviour.hangBeforeHeaders())
+      const aborts = mock.clientAborts()
+      const requests = mock.requests.length
+      const before = charges()
+      const controller = new AbortController()
+      const pending = postChat(gw, { model: "ws-mock", messages: hi }, { signal: controller.signal }).catch((e) => e)
+      await eventually(() => expect(mock.requests.length).toBe(requests + 1))
+      controller.abort()
+      expect(await pending).toBeInstanceOf(Error)
+      await mock.waitForClientAborts(aborts + 1)
+      await eventually(() => expect(adm.stats.open).toBe(0))
+      expect(charges()).toEqual({ admitted: before.admitted + 1, settled: before.settled, refunded: before.refunded + 1 })
+      const correlation = mock.requests.at(-1)
+      expect(correlation).toBeDefined()
+    })
+  })
+})
