@@ -180,7 +180,7 @@ const accountCreate: CommandSpec = {
         guestExpiresAt,
         plan
       })
-      yield* repo.audit(account.id, "account_create", account.id, { via: "cli" })
+      yield* repo.audit(account.id, "account.create", account.id, { via: "cli" })
       yield* env.out(account.id)
     })
 }
@@ -195,7 +195,7 @@ const accountStatus: CommandSpec = {
       const status = yield* parseStatus(yield* required(flags, "status"))
       const account = yield* resolveAccount(flags, "id")
       yield* repo.setStatus(account.id, status)
-      yield* repo.audit(account.id, "account_status", account.id, { via: "cli", from: account.status, to: status })
+      yield* repo.audit(account.id, "account.status", account.id, { via: "cli", from: account.status, to: status })
       yield* env.announce(`account:${account.id}`)
       yield* env.out(`${describe(account)}: status ${account.status} -> ${status}`)
       if (env.cacheNote) yield* env.out(env.cacheNote)
@@ -210,16 +210,20 @@ const keyCreate: CommandSpec = {
     Effect.gen(function*() {
       const repo = yield* AccountsRepo
       const account = yield* resolveAccount(flags, "account")
-      const label = text(flags, "label") ?? DEFAULT_KEY_LABEL
-      if (label.trim() === "") return yield* Effect.fail(usage("--label must not be empty"))
-      const active = yield* repo.countActiveKeys(account.id)
-      if (active >= Accounts.MAX_ACTIVE_KEYS) {
-        return yield* Effect.fail(
-          usage(`${describe(account)} already holds ${active} active keys (max ${Accounts.MAX_ACTIVE_KEYS})`)
-        )
-      }
-      const { key, row } = yield* repo.createKey(account.id, label, { legacy: flags.legacy === true })
-      yield* repo.audit(account.id, "key_create", String(row.id), { via: "cli", label: row.label })
+      const label = (text(flags, "label") ?? DEFAULT_KEY_LABEL).trim()
+      if (label === "") return yield* Effect.fail(usage("--label must not be empty"))
+      const capReached = usage(
+        `${describe(account)} already holds ${Accounts.MAX_ACTIVE_KEYS} active keys (the maximum); revoke one first`
+      )
+      // Current-prefix keys go through the account API's capped insert (row lock, no overshoot).
+      const issued = flags.legacy === true
+        ? (yield* repo.countActiveKeys(account.id)) >= Accounts.MAX_ACTIVE_KEYS
+          ? null
+          : yield* repo.createKey(account.id, label, { legacy: true })
+        : yield* repo.createKeyCapped(account.id, label, Accounts.MAX_ACTIVE_KEYS)
+      if (issued === null) return yield* Effect.fail(capReached)
+      const { key, row } = issued
+      yield* repo.audit(account.id, "key.create", String(row.id), { via: "cli", label: row.label })
       yield* env.out(`Key ${row.id} ("${row.label}") created for ${describe(account)}; it is shown only this once:`)
       yield* env.out(`API key: ${key}`)
     })
@@ -258,7 +262,7 @@ const keyRevoke: CommandSpec = {
       const id = yield* parsePositiveInt("id", yield* required(flags, "id"))
       const row = yield* repo.revokeKeyById(id)
       if (row === null) return yield* Effect.fail(usage(`no active key with id ${id}`))
-      yield* repo.audit(row.account_id, "key_delete", String(row.id), { via: "cli" })
+      yield* repo.audit(row.account_id, "key.delete", String(row.id), { via: "cli" })
       yield* env.announce(`key:${row.key_hash}`)
       yield* env.out(`Key ${row.id} ("${row.label}") of ${row.account_id} revoked`)
       if (env.cacheNote) yield* env.out(env.cacheNote)

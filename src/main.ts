@@ -1,5 +1,5 @@
 import { NodeRuntime } from "@effect/platform-node"
-import { Effect, Layer } from "effect"
+import { Effect } from "effect"
 import { appLayer, bootstrapDevAccount } from "./App.js"
 import { ConfigLoadError, loadConfig, parseFlags } from "./config/GatewayConfig.js"
 import { BoundListeners } from "./http/Server.js"
@@ -36,8 +36,19 @@ const program = Effect.gen(function*() {
   return yield* Effect.never
 })
 
+/** Boot failures (database down, port taken, ...) end in one clear line, not a stack trace. */
+const bootFailure = (error: unknown) =>
+  Effect.sync(() => {
+    const message = error instanceof Error || (typeof error === "object" && error !== null && "message" in error)
+      ? String((error as { message: unknown }).message)
+      : String(error)
+    process.stderr.write(`wellspring: cannot start: ${message}\n`)
+    process.exit(1)
+  })
+
 program.pipe(
-  Effect.provide(Layer.orDie(appLayer(config, path))),
-  Effect.tapErrorCause((cause) => Effect.logError("gateway stopped", cause)),
-  NodeRuntime.runMain
+  Effect.provide(appLayer(config, path)),
+  Effect.catchAll(bootFailure),
+  Effect.tapDefect((defect) => Effect.logError("gateway stopped", defect)),
+  NodeRuntime.runMain({ disableErrorReporting: true })
 )

@@ -228,6 +228,7 @@ describe.skipIf(!postgres)("CLI on PostgreSQL with a running gateway", () => {
     const { rows } = await admin.query("SELECT id FROM accounts WHERE username = 'alice'")
     for (let i = 0; i < 3; i++) expect((await run(["key:create", "--account", rows[0].id])).code).toBe(0)
     expectUsageError(await run(["key:create", "--account", rows[0].id]), /already holds 5 active keys/)
+    expectUsageError(await run(["key:create", "--account", rows[0].id, "--legacy"]), /already holds 5 active keys/)
   })
 
   it("key:revoke: the running gateway rejects the key shortly after (NOTIFY), and list/revoke agree", async () => {
@@ -243,7 +244,7 @@ describe.skipIf(!postgres)("CLI on PostgreSQL with a running gateway", () => {
     expectUsageError(await run(["key:revoke", "--id", id]), new RegExp(`no active key with id ${id}`))
     expectUsageError(await run(["key:revoke", "--id", "abc"]), /--id must be a positive integer/)
     const { rows: audit } = await admin.query("SELECT action FROM audit_log WHERE target = $1 ORDER BY id", [id])
-    expect(audit.map((a) => a.action)).toEqual(["key_create", "key_delete"])
+    expect(audit.map((a) => a.action)).toEqual(["key.create", "key.delete"])
   })
 
   it("account:status reaches the gateway's key cache", async () => {
