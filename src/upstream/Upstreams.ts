@@ -63,10 +63,15 @@ export const makeUpstreams = (
         }
         const entry = build(provider)
         cache.set(name, entry)
-        if (cached === undefined) return Effect.succeed(entry.adapter)
+        const keyEnv = provider.kind === "openai-compatible" ? provider.api_key_env : undefined
+        const warnings = keyEnv !== undefined && !process.env[keyEnv]
+          ? Effect.logWarning(`upstream provider "${name}": environment variable ${keyEnv} is empty; no API key sent`)
+          : Effect.void
+        if (cached === undefined) return Effect.as(warnings, entry.adapter)
         // In-flight requests keep the old pool until they finish (or the grace period ends).
         return Effect.as(
           Effect.logInfo(`upstream provider "${name}" changed; adapter rebuilt`).pipe(
+            Effect.zipRight(warnings),
             Effect.zipRight(Effect.forkIn(cached.close, scope))
           ),
           entry.adapter

@@ -189,7 +189,11 @@ class ChatCall implements Dispatcher.DispatchHandler {
     if (this.closed || this.done) controller.abort(ABORTED)
   }
 
-  onResponseStart(_controller: Dispatcher.DispatchController, status: number, headers: Record<string, string | Array<string> | undefined>): void {
+  onResponseStart(
+    _controller: Dispatcher.DispatchController,
+    status: number,
+    headers: Record<string, string | Array<string> | undefined>
+  ): void {
     if (this.closed || status < 200) return
     this.status = status
     this.lastActivity = this.clock.unsafeCurrentTimeMillis()
@@ -239,8 +243,12 @@ class ChatCall implements Dispatcher.DispatchHandler {
     this.ended = true
     if (this.closed || this.done) return
     if (this.mode === "sse") {
-      this.parser!.push(this.decoder!.end())
-      this.parser!.end()
+      try {
+        this.parser!.push(this.decoder!.end())
+        this.parser!.end()
+      } catch (error) {
+        return this.fail(new UpstreamError({ kind: "protocol", detail: (error as Error).message }))
+      }
       return this.finish()
     }
     const text = this.body.length === 1 ? this.body[0]!.toString("utf8") : Buffer.concat(this.body).toString("utf8")
@@ -377,7 +385,7 @@ class ChatCall implements Dispatcher.DispatchHandler {
   /** The watchdog on the live clock. */
   private armTimer(): void {
     const wait = this.check()
-    void wait
+    if (wait !== undefined) this.timer = setTimeout(this.onTimer, wait)
   }
 
   private readonly onTimer = () => this.armTimer()
