@@ -1,9 +1,9 @@
 import { HttpRouter, HttpServerResponse } from "@effect/platform"
 import type { RouteNotFound } from "@effect/platform/HttpServerError"
 import { NodeHttpServer } from "@effect/platform-node"
-import { Context, Deferred, Duration, Effect, Layer } from "effect"
+import { Cause, Context, Deferred, Duration, Effect, Layer } from "effect"
 import * as Http from "node:http"
-import type { AddressInfo } from "node:net"
+import type { AddressInfo, Socket } from "node:net"
 import type { Listener, Origin } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
 import { fail } from "../errors/Catalog.js"
@@ -38,9 +38,12 @@ const appFor = <R>(origins: ReadonlyArray<Origin>, routes: Routes<R>) =>
   app.pipe(
     Effect.catchIf((e): e is RouteNotFound => (e as { _tag?: string })?._tag === "RouteNotFound", () => notFound),
     Effect.catchAllCause((cause) =>
-      Effect.logError("request failed outside a handler", cause).pipe(
-        Effect.as(HttpServerResponse.unsafeJson(inferenceBody(fail("internal_error")), { status: 500 }))
-      )
+      // A client that went away interrupts its fiber: nothing to answer, nothing to report.
+      Cause.isInterruptedOnly(cause)
+        ? Effect.failCause(cause)
+        : Effect.logError("request failed outside a handler", cause).pipe(
+          Effect.as(HttpServerResponse.unsafeJson(inferenceBody(fail("internal_error")), { status: 500 }))
+        )
     ),
     // Every response carries a request id, also from routes that do not go through `handle`.
     Effect.map((response) =>
@@ -60,12 +63,47 @@ const listen = (server: Http.Server, listener: Listener) =>
     })
   })
 
+/**
+ * Which connections have a request in flight. Node's `closeIdleConnections` misses connections that
+ * never sent a request (clients and load balancers open spare ones) and connections whose response
+ * ends after the drain started; `drain` closes both, so the process exits as soon as the last open
+ * response is done instead of after the grace period.
+ */
+const trackConnections = (server: Http.Server) => {
+  const sockets = new Set<Socket>()
+  const inFlight = new Map<Socket, number>()
+  let draining = false
+  server.on("connection", (socket: Socket) => {
+    sockets.add(socket)
+    socket.once("close", () => {
+      sockets.delete(socket)
+      inFlight.delete(socket)
+    })
+  })
+  server.on("request", (request: Http.IncomingMessage, response: Http.ServerResponse) => {
+    const socket = request.socket
+    inFlight.set(socket, (inFlight.get(socket) ?? 0) + 1)
+    response.once("close", () => {
+      const left = (inFlight.get(socket) ?? 1) - 1
+      if (left > 0) return void inFlight.set(socket, left)
+      inFlight.delete(socket)
+      // The response is complete: end the connection after it, gracefully.
+      if (draining) socket.end()
+    })
+  })
+  return () => {
+    draining = true
+    for (const socket of sockets) if (!inFlight.has(socket)) socket.destroy()
+  }
+}
+
 export const layer = <R>(routes: Routes<R>) => Layer.scoped(
   BoundListeners,
   Effect.gen(function*() {
     const settings = yield* Settings
     const grace = Duration.seconds(settings.config.shutdown_grace_seconds)
     const servers: Array<Http.Server> = []
+    const closeIdle: Array<() => void> = []
     const bound: Array<Bound> = []
     for (const listener of settings.config.listeners) {
       const handler = yield* NodeHttpServer.makeHandler(yield* appFor(listener.origins, routes))
@@ -75,6 +113,7 @@ export const layer = <R>(routes: Routes<R>) => Layer.scoped(
         Effect.orDie
       )
       servers.push(server)
+      closeIdle.push(trackConnections(server))
       bound.push({ host: listener.host, port, origins: listener.origins })
     }
     let drained: Deferred.Deferred<void> | null = null
@@ -84,10 +123,13 @@ export const layer = <R>(routes: Routes<R>) => Layer.scoped(
       const closed = servers.map((server) =>
         Effect.async<void>((resume) => {
           server.close(() => resume(Effect.void))
-          server.closeIdleConnections()
         })
       )
+      closeIdle.forEach((close) => close())
+      // Finalizers run uninterruptibly: without `interruptible` the timeout could not stop the wait, and
+      // the grace period would last until the last connection closed by itself.
       yield* Effect.all(closed, { concurrency: "unbounded", discard: true }).pipe(
+        Effect.interruptible,
         Effect.timeoutTo({ duration: grace, onSuccess: () => true, onTimeout: () => false }),
         Effect.flatMap((clean) =>
           clean ? Effect.void : Effect.logWarning("grace period over; closing open connections")

@@ -1,5 +1,5 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Chunk, Effect, Either, Exit, FiberRef, Option, Scope, Stream } from "effect"
+import { Cause, Chunk, Effect, Either, Exit, FiberRef, Option, Scope, Stream } from "effect"
 import { Auth, type Caller } from "../auth/Auth.js"
 import type { ModelConfig, PlanConfig } from "../config/GatewayConfig.js"
 import { LiveCatalog, Settings } from "../config/Live.js"
@@ -129,6 +129,14 @@ export class Exchange {
       )
     })
   }
+}
+
+/** What a failed request's row records: its GatewayError, `internal_error` for a defect, null when interrupted. */
+const failureOf = (cause: Cause.Cause<GatewayError>): GatewayError | null => {
+  const failure = Cause.failureOption(cause)
+  if (Option.isSome(failure)) return failure.value
+  if (Cause.isInterruptedOnly(cause)) return null
+  return fail("internal_error", { detail: Cause.pretty(cause).slice(0, 500) })
 }
 
 const toolChoiceLabel = (choice: ChatRequest["tool_choice"]): string | null =>
@@ -318,7 +326,18 @@ const sseFrames = (
   )
 }
 
+/**
+ * Ends the client's connection after what was already written (mid-stream failure, Event 7): the chunked
+ * body stays unterminated, so HTTP clients see a failed transfer rather than a clean end of stream.
+ */
+const endConnection = (request: HttpServerRequest.HttpServerRequest) =>
+  Effect.sync(() => {
+    const socket = (request.source as { readonly socket?: { destroySoon?: () => void } } | null)?.socket
+    socket?.destroySoon?.()
+  })
+
 const streamed = (
+  request: HttpServerRequest.HttpServerRequest,
   exchange: Exchange,
   plan: PlanConfig,
   events: Stream.Stream<UpstreamEvent, UpstreamError>
@@ -335,10 +354,15 @@ const streamed = (
     exchange.markFirstByte()
     const rest = Stream.repeatEffectChunkOption(pull)
     const frames = sseFrames(exchange, plan, first, rest).pipe(
-      Stream.tapError((error) => exchange.finish({ status: "error", error }))
+      Stream.tapErrorCause((cause) => {
+        const error = failureOf(cause)
+        return error ? exchange.finish({ status: "error", error }) : Effect.void
+      })
     )
     const body = keepAlive(frames, PING_INTERVAL, ": ping\n\n").pipe(
       Stream.map((text) => encoder.encode(text)),
+      // Every frame before the failure has been written by now; then the connection ends without [DONE].
+      Stream.tapErrorCause((cause) => Cause.isInterruptedOnly(cause) ? Effect.void : endConnection(request)),
       // Client gone or stream cut: charge what was delivered, free the slot, write the row.
       Stream.ensuring(Effect.suspend(() => exchange.finish({ status: "cancelled" })))
     )
@@ -437,12 +461,16 @@ export const chatCompletions = HttpRouter.post(
         const adapter = yield* upstreams.get(m.route.provider).pipe(Effect.mapError(upstreamFailure))
         const events = adapter.chat(upstreamRequest(req, m, maxTokens, exchange.stream))
         return exchange.stream
-          ? yield* streamed(exchange, plan, events)
+          ? yield* streamed(request, exchange, plan, events)
           : yield* complete(exchange, plan, events)
       })
 
       return yield* run.pipe(
-        Effect.tapError((error) => exchange.finish({ status: "error", error })),
+        // A defect is rendered as a 500 internal_error by `handle`: its row says so (not "cancelled").
+        Effect.tapErrorCause((cause) => {
+          const error = failureOf(cause)
+          return error ? exchange.finish({ status: "error", error }) : Effect.void
+        }),
         Effect.onInterrupt(() => exchange.finish({ status: "cancelled" })),
         Effect.catchAll((error) => Effect.succeed(renderWithRow(error, exchange.rowId)))
       )

@@ -1,4 +1,4 @@
-import { HttpApi, HttpApiEndpoint, HttpApiGroup, HttpRouter, OpenApi } from "@effect/platform"
+import { HttpApi, HttpApiEndpoint, HttpApiGroup, HttpRouter, OpenApi, OpenApiJsonSchema } from "@effect/platform"
 import { Effect, Schema } from "effect"
 import { json } from "../http/Respond.js"
 import { ChatRequest, ToolCall } from "./ChatRequest.js"
@@ -113,6 +113,65 @@ export class InferenceApi extends HttpApi.make("wellspring").add(InferenceGroup)
   .annotate(OpenApi.Version, "1.0.0")
 {}
 
-export const spec = OpenApi.fromApi(InferenceApi)
+/** Error statuses each operation can answer with the inference envelope (spec: Errors, chat completions). */
+const ERRORS: Readonly<Record<string, Readonly<Record<string, string>>>> = {
+  "inference.chatCompletions": {
+    "400": "Invalid request (invalid_json, invalid_messages, model_not_found, model_not_chat, tools_not_supported, invalid_reasoning_effort, images_not_supported, input_too_long, invalid_request)",
+    "401": "invalid_api_key",
+    "403": "Access denied (geo_restricted, account_unlinked, legacy_account_upgrade_required, guest_expired, email_required)",
+    "429": "Rate or quota limit (rate_limited, abuse_cooldown, session_exhausted, weekly_exhausted, model_quota_exceeded)",
+    "500": "Upstream or internal error (upstream_error, upstream_rejected, internal_error)",
+    "503": "Service unavailable (service_unavailable, upstream_timeout, upstream_rate_limited)",
+    "529": "model_overloaded: retry after the seconds in the message"
+  },
+  "inference.embeddings": {
+    "400": "Invalid request",
+    "401": "invalid_api_key",
+    "403": "Access denied",
+    "429": "Rate or quota limit",
+    "500": "Upstream or internal error",
+    "503": "Service unavailable"
+  },
+  "inference.models": { "401": "invalid_api_key" },
+  "inference.me": { "401": "invalid_api_key" },
+  "inference.usage": { "401": "invalid_api_key" }
+}
+
+/**
+ * The generated document, corrected where the HttpApi defaults do not describe this server: requests
+ * that fail to decode get our error envelope (never `HttpApiDecodeError`), every operation needs the
+ * bearer key, and a streamed chat answer is `text/event-stream`.
+ */
+const finalize = (generated: OpenApi.OpenAPISpec): OpenApi.OpenAPISpec => {
+  const doc = structuredClone(generated) as any
+  const schemas = doc.components.schemas as Record<string, unknown>
+  for (const name of ["HttpApiDecodeError", "Issue", "PropertyKey"]) delete schemas[name]
+  const envelope = OpenApiJsonSchema.makeWithDefs(ErrorEnvelope, { defs: schemas as any, defsPath: "#/components/schemas/" })
+  doc.components.securitySchemes = { bearer: { type: "http", scheme: "bearer", description: "An API key (sk-ws-... or legacy ws-...)" } }
+  doc.security = [{ bearer: [] }]
+  for (const operations of Object.values(doc.paths as Record<string, Record<string, any>>)) {
+    for (const operation of Object.values(operations)) {
+      operation.security = [{ bearer: [] }]
+      const responses: Record<string, any> = {}
+      for (const [status, response] of Object.entries(operation.responses as Record<string, any>)) {
+        if (status.startsWith("2")) responses[status] = response
+      }
+      for (const [status, description] of Object.entries(ERRORS[operation.operationId] ?? {})) {
+        responses[status] = { description, content: { "application/json": { schema: envelope } } }
+      }
+      operation.responses = responses
+    }
+  }
+  const chat = doc.paths["/v1/chat/completions"].post.responses["200"]
+  chat.content["text/event-stream"] = {
+    schema: {
+      type: "string",
+      description: "With stream: true: `data: <chat.completion.chunk JSON>` frames, `: ping` comments while the upstream is idle, and `data: [DONE]` last."
+    }
+  }
+  return doc
+}
+
+export const spec = finalize(OpenApi.fromApi(InferenceApi))
 
 export const openApiRoute = HttpRouter.get("/v1/openapi.json", Effect.sync(() => json(spec)))

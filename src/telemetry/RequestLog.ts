@@ -1,5 +1,5 @@
 import { SqlClient } from "@effect/sql"
-import { Context, Deferred, Duration, Effect, Layer, Schedule } from "effect"
+import { Context, Duration, Effect, Fiber, Layer, Schedule } from "effect"
 import { Settings } from "../config/Live.js"
 
 export interface RequestRow {
@@ -55,47 +55,61 @@ export const make = Effect.gen(function*() {
   )
   let next = yield* fetchBlock
   let end = next + BLOCK
-  let spare: Deferred.Deferred<number> | null = null
-  const refill = Effect.gen(function*() {
-    const d = yield* Deferred.make<number>()
-    spare = d
-    yield* Effect.forkDaemon(Deferred.complete(d, fetchBlock))
-  })
-  yield* refill
+  // The next block, fetched in the background while the current one is used.
+  let spare = yield* Effect.forkDaemon(fetchBlock)
+  // One fiber at a time installs the next block; the others wait for it and then take ids from it.
+  const switching = yield* Effect.makeSemaphore(1)
 
-  const nextId: Effect.Effect<number> = Effect.suspend(() => {
+  const nextBlock: Effect.Effect<number> = switching.withPermits(1)(Effect.suspend(() => {
     if (next < end) return Effect.succeed(next++)
     // A spare block is always being fetched, so this wait is at most one round trip, once per 1000 rows.
-    const waiting = spare!
-    spare = null
-    return Deferred.await(waiting).pipe(Effect.flatMap((start) => {
-      next = start
-      end = start + BLOCK
-      return Effect.zipRight(refill, nextId)
-    }))
-  })
+    return Fiber.join(spare).pipe(
+      // A spare fetch that failed (database down for a while) is retried here, on the caller's path.
+      Effect.catchAllCause(() => fetchBlock),
+      Effect.flatMap((start) =>
+        Effect.map(Effect.forkDaemon(fetchBlock), (fiber) => {
+          spare = fiber
+          next = start
+          end = start + BLOCK
+          return next++
+        })
+      )
+    )
+  }))
+
+  const nextId: Effect.Effect<number> = Effect.suspend(() => (next < end ? Effect.succeed(next++) : nextBlock))
 
   let buffer: Array<RequestRow> = []
 
   const writeBatch = (rows: ReadonlyArray<RequestRow>) =>
     sql`INSERT INTO request_log ${sql.insert(rows as unknown as Array<Record<string, unknown>>)} ON CONFLICT (id) DO NOTHING`.pipe(Effect.asVoid)
 
+  // Flushes run one at a time, so a flush also waits for a batch another flush is writing
+  // ("everything queued so far" is in the database when it returns).
+  const writing = yield* Effect.makeSemaphore(1)
+
   const flushOnce = Effect.suspend(() => {
     if (buffer.length === 0) return Effect.void
     const rows = buffer.splice(0, batch_size)
+    const putBack = Effect.sync(() => {
+      // Keep the rows for the next attempt.
+      buffer = rows.concat(buffer)
+      if (buffer.length > MAX_BUFFER) buffer.splice(0, buffer.length - MAX_BUFFER)
+    })
     return writeBatch(rows).pipe(
+      Effect.onInterrupt(() => putBack),
       Effect.catchAll((error) =>
-        Effect.sync(() => {
-          // Keep the rows for the next attempt.
-          buffer = rows.concat(buffer)
-          if (buffer.length > MAX_BUFFER) buffer.splice(0, buffer.length - MAX_BUFFER)
-        }).pipe(Effect.zipRight(Effect.logWarning("request rows not written; will retry", error)), Effect.zipRight(Effect.fail(error)))
+        putBack.pipe(
+          Effect.zipRight(Effect.logWarning("request rows not written; will retry", error)),
+          Effect.zipRight(Effect.fail(error))
+        )
       )
     )
   })
-  const flush: Effect.Effect<void> = Effect.suspend(() =>
-    buffer.length === 0 ? Effect.void : flushOnce.pipe(Effect.zipRight(flush))
-  ).pipe(Effect.catchAll(() => Effect.void))
+  const flushAll: Effect.Effect<void, unknown> = Effect.suspend(() =>
+    buffer.length === 0 ? Effect.void : flushOnce.pipe(Effect.zipRight(flushAll))
+  )
+  const flush: Effect.Effect<void> = writing.withPermits(1)(flushAll).pipe(Effect.catchAll(() => Effect.void))
 
   yield* flush.pipe(Effect.repeat(Schedule.spaced(Duration.millis(flush_ms))), Effect.forkScoped)
   yield* Effect.addFinalizer(() => flush)

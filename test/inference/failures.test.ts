@@ -4,8 +4,10 @@
  * `[DONE]`; a client that goes away interrupts the upstream request; every admission ticket is released
  * and charged at most once, and every request leaves exactly one row.
  */
+import { Effect, Layer } from "effect"
 import * as Net from "node:net"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
+import { Admission } from "../../src/quota/Admission.js"
 import { startGateway, type TestGateway } from "../support/Gateway.js"
 import { Behaviour, Chunks, type MockUpstream, raw, startMockUpstream } from "../support/MockUpstream.js"
 import { makeUnlimitedAdmission } from "../support/UnlimitedAdmission.js"
@@ -13,11 +15,13 @@ import {
   addMockModel,
   eventually,
   expectError,
+  latestRows,
   parseSse,
   postChat,
   readBody,
   rowById,
   rowIdOf,
+  rowsById,
   user
 } from "./helpers.js"
 
@@ -36,23 +40,32 @@ describe("chat failures", () => {
   let mock: MockUpstream
   const adm = makeUnlimitedAdmission()
 
+  // The test admission, except that it dies (a defect, not a GatewayError) for the model "ws-boom".
+  const admission = Layer.effect(
+    Admission,
+    Effect.map(Admission, (inner) =>
+      Admission.of({
+        ...inner,
+        admit: (input) => input.model.id === "ws-boom" ? Effect.die(new Error("admission exploded")) : inner.admit(input)
+      }))
+  ).pipe(Layer.provide(adm.layer))
+
   beforeAll(async () => {
     mock = await startMockUpstream()
     const deadPort = await closedPort()
     gw = await startGateway({
-      admission: adm.layer,
+      admission,
       configure: (doc) => {
-        addMockModel(doc, { baseUrl: mock.url, timeouts: { first_token_ms: 400, idle_ms: 400, total_ms: 5_000 } })
+        addMockModel(doc, { id: "ws-boom", provider: "boom", baseUrl: mock.url })
+        // total_ms (also undici's headers timeout backstop) is far above the deadlines under test.
+        addMockModel(doc, { baseUrl: mock.url, timeouts: { first_token_ms: 400, idle_ms: 400, total_ms: 30_000 } })
         addMockModel(doc, { id: "ws-dead", provider: "dead", baseUrl: `http://127.0.0.1:${deadPort}/v1` })
       }
     })
   })
   afterAll(async () => {
-    const t0 = Date.now()
     await gw?.stop()
-    console.log("STOP gw", Date.now() - t0)
     await mock?.close()
-    console.log("STOP mock", Date.now() - t0)
   })
   afterEach(async () => {
     // Nothing leaks: every ticket is released (a cancelled stream releases it just after the response).
@@ -102,8 +115,11 @@ describe("chat failures", () => {
     it.each([false, true])("no answer within first_token_ms -> 503 upstream_timeout (stream: %s)", async (stream) => {
       mock.script(Behaviour.hangBeforeHeaders())
       const aborts = mock.clientAborts()
+      const started = Date.now()
       const res = await postChat(gw, { model: "ws-mock", messages: hi, stream })
       await expectError(res, 503, "upstream_timeout", "service_unavailable")
+      // first_token_ms (400) decides, not total_ms (30 s).
+      expect(Date.now() - started).toBeLessThan(3_000)
       const row = await rowById(gw, rowIdOf(res))
       expect(row).toMatchObject({ status: "error", error_code: "upstream_timeout" })
       // The gateway gave up on the upstream request: its socket is closed.
@@ -112,9 +128,11 @@ describe("chat failures", () => {
 
     it("headers but no first token within first_token_ms -> JSON 503 upstream_timeout, not a stream", async () => {
       mock.script(Behaviour.hangAfter([]))
+      const started = Date.now()
       const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
       expect(res.headers.get("content-type")).toContain("application/json")
       await expectError(res, 503, "upstream_timeout", "service_unavailable")
+      expect(Date.now() - started).toBeLessThan(3_000)
     })
 
     it("upstream drops the connection before headers -> 503 service_unavailable", async () => {
@@ -136,13 +154,24 @@ describe("chat failures", () => {
     })
   })
 
+  it("a defect inside the pipeline: 500 internal_error, and its row says error/internal_error (not cancelled)", async () => {
+    const res = await postChat(gw, { model: "ws-boom", messages: hi })
+    await expectError(res, 500, "internal_error", "server_error")
+    await eventually(async () => {
+      const [row] = await latestRows(gw, 1)
+      expect(row).toMatchObject({ model_id: "ws-boom", status: "error", error_code: "internal_error", http_status: 500 })
+    })
+  })
+
   describe("mid-stream: the connection ends without [DONE]", () => {
     const expectCutStream = async (res: Response) => {
       expect(res.status).toBe(200)
       expect(res.headers.get("content-type")).toContain("text/event-stream")
-      const { text } = await readBody(res)
+      const { text, error } = await readBody(res)
       const sse = parseSse(text)
       expect(sse.done).toBe(false)
+      // The transfer itself fails (no chunked terminator), so clients cannot mistake it for a complete answer.
+      expect(error).toBeInstanceOf(Error)
       expect(sse.chunks[0].choices[0].delta.role).toBe("assistant")
       expect(sse.chunks.every((c) => c.choices[0].finish_reason === null)).toBe(true)
       return sse
@@ -166,9 +195,12 @@ describe("chat failures", () => {
     it("upstream goes idle longer than idle_ms mid-stream: no [DONE], row upstream_timeout, upstream socket closed", async () => {
       mock.script(Behaviour.hangAfter([Chunks.role(), Chunks.content("partial")]))
       const aborts = mock.clientAborts()
+      const started = Date.now()
       const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
       const rowId = rowIdOf(res)
       await expectCutStream(res)
+      // idle_ms (400) decides, not total_ms (30 s).
+      expect(Date.now() - started).toBeLessThan(3_000)
       expect(await rowById(gw, rowId)).toMatchObject({ status: "error", error_code: "upstream_timeout" })
       await mock.waitForClientAborts(aborts + 1)
     })
@@ -235,6 +267,61 @@ describe("chat failures", () => {
       })
     })
 
+    it("before the first byte (streaming): the upstream request is aborted, the reservation refunded, the row cancelled", async () => {
+      mock.script(Behaviour.hangBeforeHeaders())
+      const aborts = mock.clientAborts()
+      const requests = mock.requests.length
+      const before = charges()
+      const controller = new AbortController()
+      const pending = postChat(gw, { model: "ws-mock", messages: hi, stream: true }, { signal: controller.signal }).catch((e) => e)
+      await eventually(() => expect(mock.requests.length).toBe(requests + 1))
+      controller.abort()
+      expect(await pending).toBeInstanceOf(Error)
+      await mock.waitForClientAborts(aborts + 1)
+      await eventually(() => expect(adm.stats.open).toBe(0))
+      expect(charges()).toEqual({ admitted: before.admitted + 1, settled: before.settled, refunded: before.refunded + 1 })
+      await eventually(async () => {
+        const [row] = await latestRows(gw, 1)
+        expect(row).toMatchObject({ model_id: "ws-mock", status: "cancelled", http_status: 499, stream: true, output_tokens: 0 })
+      })
+    })
+
+    it("40 concurrent streams, clients leaving at different points: every ticket closed once, one row each", async () => {
+      const frames = [Chunks.role(), ...Array.from({ length: 8 }, (_, i) => Chunks.content(`w${i} `)), Chunks.finish("stop"), Chunks.usage({ prompt: 5, completion: 8 })]
+      mock.script(Behaviour.slow(frames, 15))
+      const before = charges()
+      const outcomes = await Promise.all(Array.from({ length: 40 }, async (_, i) => {
+        const leaveAfter = i % 5 // 0-3: leave after that many content frames; 4: read to the end
+        const controller = new AbortController()
+        const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true }, { signal: controller.signal })
+        const rowId = rowIdOf(res)
+        if (leaveAfter === 4) {
+          expect(parseSse(await res.text()).doneLast).toBe(true)
+          return { rowId, completed: true }
+        }
+        const reader = res.body!.getReader()
+        const decoder = new TextDecoder()
+        let text = ""
+        while ((text.match(/"content":"w/g) ?? []).length < leaveAfter) {
+          const { value, done } = await reader.read()
+          if (done) break
+          text += decoder.decode(value, { stream: true })
+        }
+        controller.abort()
+        return { rowId, completed: false }
+      }))
+      await eventually(() => expect(adm.stats.open).toBe(0))
+      const after = charges()
+      expect(after.admitted - before.admitted).toBe(40)
+      expect((after.settled - before.settled) + (after.refunded - before.refunded)).toBe(40)
+      await eventually(async () => {
+        const rows = await rowsById(gw, outcomes.map((o) => o.rowId))
+        expect(rows).toHaveLength(40)
+        const status = new Map(rows.map((r) => [Number(r.id), r.status]))
+        for (const o of outcomes) expect(status.get(o.rowId)).toBe(o.completed ? "success" : "cancelled")
+      })
+    })
+
     it("before the first byte (non-streaming): the upstream request is aborted and the reservation refunded", async () => {
       mock.script(Behaviour.hangBeforeHeaders())
       const aborts = mock.clientAborts()
@@ -248,8 +335,10 @@ describe("chat failures", () => {
       await mock.waitForClientAborts(aborts + 1)
       await eventually(() => expect(adm.stats.open).toBe(0))
       expect(charges()).toEqual({ admitted: before.admitted + 1, settled: before.settled, refunded: before.refunded + 1 })
-      const correlation = mock.requests.at(-1)
-      expect(correlation).toBeDefined()
+      await eventually(async () => {
+        const rows = await latestRows(gw, 1)
+        expect(rows[0]).toMatchObject({ model_id: "ws-mock", status: "cancelled", http_status: 499, stream: false, output_tokens: 0 })
+      })
     })
   })
 })

@@ -133,6 +133,15 @@ export const rowsById = (gw: TestGateway, ids: ReadonlyArray<number>) =>
     >
   }).pipe(Effect.orDie))
 
+/** Flushes, then reads the `n` rows with the highest ids, newest first. */
+export const latestRows = (gw: TestGateway, n: number) =>
+  gw.run(Effect.gen(function*() {
+    const log = yield* RequestLog
+    yield* log.flush
+    const sql = yield* SqlClient.SqlClient
+    return (yield* sql<RequestRowView>`SELECT * FROM request_log ORDER BY id DESC LIMIT ${n}`) as Array<RequestRowView>
+  }).pipe(Effect.orDie))
+
 export const rowById = async (gw: TestGateway, id: number): Promise<RequestRowView> => {
   const rows = await rowsById(gw, [id])
   expect(rows, `request row ${id}`).toHaveLength(1)

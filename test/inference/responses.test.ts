@@ -56,7 +56,7 @@ describe("chat responses", () => {
       expect(res.status).toBe(200)
       expect(res.headers.get("content-type")).toContain("application/json")
       const rowId = expectIds(res)
-      const body = await res.json()
+      const body: any = await res.json()
       expect(body).toStrictEqual({
         id: expect.stringMatching(/^chatcmpl-/),
         object: "chat.completion",
@@ -116,7 +116,7 @@ describe("chat responses", () => {
       })
       expect(res.status).toBe(200)
       const rowId = expectIds(res)
-      const body = await res.json()
+      const body: any = await res.json()
       expect(body.choices).toStrictEqual([{
         index: 0,
         message: {
@@ -137,7 +137,7 @@ describe("chat responses", () => {
     it("in-process simulated provider: reasoning on ws-pro with reasoning_effort", async () => {
       const res = await postChat(gw, { model: "ws-pro", reasoning_effort: "low", messages: [user("tell me about rivers")] })
       expect(res.status).toBe(200)
-      const body = await res.json()
+      const body: any = await res.json()
       const message = body.choices[0].message
       expect(message.role).toBe("assistant")
       expect(message.reasoning.length).toBeGreaterThan(0)
