@@ -11,13 +11,14 @@ import { RequestLog } from "../telemetry/RequestLog.js"
 import {
   type FinishReason,
   type UpstreamError,
+  type UpstreamAdapter,
   type UpstreamEvent,
   type UpstreamRequest,
   Upstreams,
   type Usage
 } from "../upstream/Upstream.js"
 import { type ChatRequest, decodeChatRequest } from "./ChatRequest.js"
-import { keepAlive, PING_INTERVAL } from "./KeepAlive.js"
+import { sseBody } from "./SseBody.js"
 import { quotaHeaders, receipt } from "./Receipt.js"
 import { exceedsLimit, measure } from "./Tokens.js"
 
@@ -218,16 +219,12 @@ const accumulate = (acc: Accumulated, event: UpstreamEvent, exchange: Exchange):
 const complete = (
   exchange: Exchange,
   plan: PlanConfig,
-  events: Stream.Stream<UpstreamEvent, UpstreamError>
+  answer: Effect.Effect<ReadonlyArray<UpstreamEvent>, UpstreamError>
 ) =>
   Effect.gen(function*() {
-    const acc = yield* events.pipe(
-      Stream.runFold(
-        { content: "", reasoning: "", tools: [], finish: "stop" } as Accumulated,
-        (acc, event) => accumulate(acc, event, exchange)
-      ),
-      Effect.mapError(upstreamFailure)
-    )
+    const events = yield* Effect.mapError(answer, upstreamFailure)
+    const acc: Accumulated = { content: "", reasoning: "", tools: [], finish: "stop" }
+    for (const event of events) accumulate(acc, event, exchange)
     exchange.markFirstByte()
     const settled = yield* exchange.finish({ status: "success" })
     const usage = exchange.chargeable()
@@ -261,117 +258,93 @@ const complete = (
     return HttpServerResponse.unsafeJson(body, { headers })
   })
 
-const encoder = new TextEncoder()
-
-/** SSE frames for one upstream stream; the last data frame carries usage, receipt and finish_reason. */
-const sseFrames = (
-  exchange: Exchange,
-  plan: PlanConfig,
-  first: Chunk.Chunk<UpstreamEvent>,
-  rest: Stream.Stream<UpstreamEvent, UpstreamError>
-): Stream.Stream<string, GatewayError> => {
+/** SSE framing of one answer; the last data frame carries usage, receipt and finish_reason. */
+const sseFraming = (exchange: Exchange, plan: PlanConfig) => {
   const created = Math.floor(exchange.createdAt.getTime() / 1000)
   const id = `chatcmpl-${exchange.requestId}`
-  const head = `data: {"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${
+  const prefix = `data: {"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${
     JSON.stringify(exchange.modelId)
   },"choices":[{"index":0,"delta":`
-  const frame = (delta: unknown) => `${head}${JSON.stringify(delta)},"finish_reason":null}]}\n\n`
+  const frame = (delta: string) => `${prefix}${delta},"finish_reason":null}]}\n\n`
   let finish: FinishReason = "stop"
 
-  const toFrame = (event: UpstreamEvent): string | null => {
+  const toFrame = (event: UpstreamEvent): string => {
     switch (event._tag) {
       case "Content":
         exchange.deliveredChars += event.text.length
-        return frame({ content: event.text })
+        return frame(`{"content":${JSON.stringify(event.text)}}`)
       case "Reasoning":
         exchange.deliveredChars += event.text.length
-        return frame({ reasoning: event.text })
+        return frame(`{"reasoning":${JSON.stringify(event.text)}}`)
       case "ToolCallStart":
-        return frame({
-          tool_calls: [{ index: event.index, id: event.id, type: "function", function: { name: event.name, arguments: "" } }]
-        })
+        return frame(`{"tool_calls":[{"index":${event.index},"id":${JSON.stringify(event.id)},"type":"function","function":{"name":${
+          JSON.stringify(event.name)
+        },"arguments":""}}]}`)
       case "ToolCallArgs":
         exchange.deliveredChars += event.fragment.length
-        return frame({ tool_calls: [{ index: event.index, function: { arguments: event.fragment } }] })
+        return frame(`{"tool_calls":[{"index":${event.index},"function":{"arguments":${JSON.stringify(event.fragment)}}}]}`)
       case "Finish":
         finish = event.reason
-        return null
+        return ""
       case "Usage":
         exchange.usage = event.usage
-        return null
+        return ""
     }
   }
 
-  const body = Stream.concat(Stream.fromChunk(first), rest).pipe(
-    Stream.mapError(upstreamFailure),
-    Stream.filterMap((event) => Option.fromNullable(toFrame(event)))
-  )
-  const last = Effect.gen(function*() {
-    const settled = yield* exchange.finish({ status: "success" })
-    const wellspring = safeReceipt(exchange, plan, settled)
-    const final = {
-      id,
-      object: "chat.completion.chunk",
-      created,
-      model: exchange.modelId,
-      choices: [{ index: 0, delta: {}, finish_reason: finish }],
-      usage: outputUsage(exchange.chargeable()),
-      ...(wellspring ? { wellspring } : {})
-    }
-    return `data: ${JSON.stringify(final)}\n\ndata: [DONE]\n\n`
-  })
-  return Stream.make(frame({ role: "assistant", content: "" })).pipe(
-    Stream.concat(body),
-    Stream.concat(Stream.fromEffect(last))
-  )
+  return {
+    head: frame(`{"role":"assistant","content":""}`),
+    frames: (events: ReadonlyArray<UpstreamEvent>) => {
+      let out = ""
+      for (const event of events) out += toFrame(event)
+      return out
+    },
+    end: Effect.gen(function*() {
+      const settled = yield* exchange.finish({ status: "success" })
+      const wellspring = safeReceipt(exchange, plan, settled)
+      const final = {
+        id,
+        object: "chat.completion.chunk",
+        created,
+        model: exchange.modelId,
+        choices: [{ index: 0, delta: {}, finish_reason: finish }],
+        usage: outputUsage(exchange.chargeable()),
+        ...(wellspring ? { wellspring } : {})
+      }
+      return `data: ${JSON.stringify(final)}\n\ndata: [DONE]\n\n`
+    })
+  }
 }
 
-/**
- * Ends the client's connection after what was already written (mid-stream failure, Event 7): the chunked
- * body stays unterminated, so HTTP clients see a failed transfer rather than a clean end of stream.
- */
-const endConnection = (request: HttpServerRequest.HttpServerRequest) =>
-  Effect.sync(() => {
-    const socket = (request.source as { readonly socket?: { destroySoon?: () => void } } | null)?.socket
-    socket?.destroySoon?.()
-  })
-
 const streamed = (
-  request: HttpServerRequest.HttpServerRequest,
   exchange: Exchange,
   plan: PlanConfig,
-  events: Stream.Stream<UpstreamEvent, UpstreamError>
+  adapter: UpstreamAdapter,
+  request: UpstreamRequest
 ) =>
   Effect.gen(function*() {
-    const scope = exchange.scope!
-    // The first upstream chunk is awaited before answering, so a failure before any byte is a JSON error.
-    const pull = yield* Scope.extend(Stream.toPull(events), scope)
-    const first = yield* pull.pipe(
-      Effect.catchAll((error) =>
-        Option.isSome(error) ? Effect.fail(upstreamFailure(error.value)) : Effect.succeed(Chunk.empty<UpstreamEvent>())
-      )
+    const runtime = yield* Effect.runtime<never>()
+    const framing = sseFraming(exchange, plan)
+    // `open` resolves with the first events, so a failure before any byte is still a JSON error.
+    const body = yield* sseBody(
+      runtime,
+      exchange.scope!,
+      (sink) => Effect.mapError(adapter.open(request, sink), upstreamFailure),
+      framing.head,
+      {
+        frames: framing.frames,
+        end: framing.end,
+        failed: (error) => exchange.finish({ status: "error", error: upstreamFailure(error) }).pipe(Effect.asVoid),
+        cancelled: exchange.finish({ status: "cancelled" }).pipe(Effect.asVoid)
+      }
     )
     exchange.markFirstByte()
-    const rest = Stream.repeatEffectChunkOption(pull)
-    const frames = sseFrames(exchange, plan, first, rest).pipe(
-      Stream.tapErrorCause((cause) => {
-        const error = failureOf(cause)
-        return error ? exchange.finish({ status: "error", error }) : Effect.void
-      })
-    )
-    const body = keepAlive(frames, PING_INTERVAL, ": ping\n\n").pipe(
-      Stream.map((text) => encoder.encode(text)),
-      // Every frame before the failure has been written by now; then the connection ends without [DONE].
-      Stream.tapErrorCause((cause) => Cause.isInterruptedOnly(cause) ? Effect.void : endConnection(request)),
-      // Client gone or stream cut: charge what was delivered, free the slot, write the row.
-      Stream.ensuring(Effect.suspend(() => exchange.finish({ status: "cancelled" })))
-    )
     const headers = {
       ...quotaHeaders(exchange.ticket!.reserved, exchange.ticket!.rpm, exchange.rowId),
       "cache-control": "no-cache",
       "x-accel-buffering": "no"
     }
-    return HttpServerResponse.stream(body, { contentType: "text/event-stream", headers })
+    return HttpServerResponse.raw(body, { status: 200, contentType: "text/event-stream", headers })
   })
 
 export const parseBody = (text: string): Either.Either<unknown, GatewayError> => {
@@ -459,10 +432,10 @@ export const chatCompletions = HttpRouter.post(
           scope
         )
         const adapter = yield* upstreams.get(m.route.provider).pipe(Effect.mapError(upstreamFailure))
-        const events = adapter.chat(upstreamRequest(req, m, maxTokens, exchange.stream))
+        const upstreamReq = upstreamRequest(req, m, maxTokens, exchange.stream)
         return exchange.stream
-          ? yield* streamed(request, exchange, plan, events)
-          : yield* complete(exchange, plan, events)
+          ? yield* streamed(exchange, plan, adapter, upstreamReq)
+          : yield* complete(exchange, plan, adapter.complete(upstreamReq))
       })
 
       return yield* run.pipe(

@@ -1,130 +1,168 @@
 /**
- * Event 5: `: ping` when the upstream is idle for more than 8 s. Driven by TestClock only.
+ * Event 5 (`: ping` after 8 s idle) and the SSE body fed by an upstream call, driven by TestClock only.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Deferred, Duration, Effect, Exit, Fiber, Option, Ref, Stream, TestClock } from "effect"
-import { keepAlive, PING_INTERVAL } from "../../src/inference/KeepAlive.js"
+import { Duration, Effect, Exit, Scope, TestClock } from "effect"
+import type { Readable } from "node:stream"
+import { idlePinger, PING_FRAME, PING_INTERVAL, sseBody } from "../../src/inference/SseBody.js"
+import { UpstreamError, type UpstreamCall, type UpstreamEvent, type UpstreamSink } from "../../src/upstream/Upstream.js"
 
-const PING = ": ping"
-
-/** Runs `stream` in the background, collecting what it emits so far. */
-const collect = <E>(stream: Stream.Stream<string, E>) =>
-  Effect.gen(function*() {
-    const seen = yield* Ref.make<ReadonlyArray<string>>([])
-    const fiber = yield* stream.pipe(
-      Stream.runForEach((item) => Ref.update(seen, (items) => [...items, item])),
-      Effect.fork
-    )
-    return { seen: Ref.get(seen), fiber }
-  })
-
-/** Advances the TestClock by `ms` and lets every woken fiber run. */
 const advance = (ms: number) => TestClock.adjust(Duration.millis(ms)).pipe(Effect.zipRight(Effect.yieldNow()))
 
-/** A source that sleeps `gapMs` before each of `items`. */
-const slowSource = (items: ReadonlyArray<string>, gapMs: number) =>
-  Stream.fromIterable(items).pipe(Stream.mapEffect((item) => Effect.as(Effect.sleep(Duration.millis(gapMs)), item)))
+/** Everything buffered in the readable so far. */
+const drain = (body: Readable): string => {
+  let out = ""
+  let chunk: Buffer | null
+  while ((chunk = body.read() as Buffer | null) !== null) out += chunk.toString()
+  return out
+}
 
-describe("keepAlive", () => {
+const content = (text: string): UpstreamEvent => ({ _tag: "Content", text })
+
+/** A scripted upstream call: the test drives the sink by hand. */
+const fakeCall = (first: ReadonlyArray<UpstreamEvent>) => {
+  const state = { sink: null as UpstreamSink | null, resumed: 0, aborted: 0 }
+  const call: UpstreamCall = {
+    first,
+    resume: () => void state.resumed++,
+    abort: () => void state.aborted++
+  }
+  const open = (sink: UpstreamSink) => Effect.sync(() => {
+    state.sink = sink
+    return call
+  })
+  return { state, open }
+}
+
+const handlers = (log: Array<string>) => ({
+  frames: (events: ReadonlyArray<UpstreamEvent>) =>
+    events.map((e) => (e._tag === "Content" ? `data: ${e.text}\n\n` : "")).join(""),
+  end: Effect.sync(() => {
+    log.push("end")
+    return "data: last\n\ndata: [DONE]\n\n"
+  }),
+  failed: (error: UpstreamError) => Effect.sync(() => void log.push(`failed:${error.kind}`)),
+  cancelled: Effect.sync(() => void log.push("cancelled"))
+})
+
+describe("idle pinger", () => {
   it("the interval is 8 seconds", () => {
     expect(Duration.toMillis(PING_INTERVAL)).toBe(8_000)
+    expect(PING_FRAME).toBe(": ping\n\n")
   })
 
-  it.effect("a source idle for 20 s gets a ping after 8 s, not before; items pass through in order", () =>
+  it.effect("pings after 8 s without a touch, not before, and again every 8 s", () =>
     Effect.gen(function*() {
-      const { fiber, seen } = yield* collect(keepAlive(slowSource(["a", "b"], 20_000), PING_INTERVAL, PING))
+      const scope = yield* Scope.make()
+      let pings = 0
+      yield* idlePinger(PING_INTERVAL, () => void pings++, scope)
       yield* advance(7_999)
-      expect(yield* seen).toEqual([])
+      expect(pings).toBe(0)
       yield* advance(1)
-      expect(yield* seen).toEqual([PING])
+      expect(pings).toBe(1)
       yield* advance(7_999)
-      expect(yield* seen).toEqual([PING])
+      expect(pings).toBe(1)
       yield* advance(1)
-      expect(yield* seen).toEqual([PING, PING])
-      yield* advance(4_000) // t = 20 s: first item; the idle timer restarts from here
-      expect(yield* seen).toEqual([PING, PING, "a"])
-      yield* advance(7_999)
-      expect(yield* seen).toEqual([PING, PING, "a"])
-      yield* advance(1)
-      expect(yield* seen).toEqual([PING, PING, "a", PING])
-      yield* advance(12_000) // t = 40 s: second item, then the end
-      expect(yield* seen).toEqual([PING, PING, "a", PING, PING, "b"])
-      const exit = yield* Fiber.await(fiber)
-      expect(Exit.isSuccess(exit)).toBe(true)
+      expect(pings).toBe(2)
+      yield* Scope.close(scope, Exit.void)
+      yield* advance(60_000)
+      expect(pings).toBe(2)
     }))
 
-  it.effect("a busy source never gets a ping", () =>
+  it.effect("a touch restarts the idle period; a busy stream never pings", () =>
     Effect.gen(function*() {
-      const items = Array.from({ length: 10 }, (_, i) => `item${i}`)
-      const { fiber, seen } = yield* collect(keepAlive(slowSource(items, 7_000), PING_INTERVAL, PING))
-      for (let i = 0; i < 10; i++) yield* advance(7_000)
-      yield* Fiber.join(fiber)
-      expect(yield* seen).toEqual(items)
+      const scope = yield* Scope.make()
+      let pings = 0
+      const { touch } = yield* idlePinger(PING_INTERVAL, () => void pings++, scope)
+      for (let i = 0; i < 10; i++) {
+        yield* advance(7_000)
+        touch()
+      }
+      expect(pings).toBe(0)
+      yield* advance(7_999)
+      expect(pings).toBe(0)
+      yield* advance(1)
+      expect(pings).toBe(1)
+      yield* Scope.close(scope, Exit.void)
     }))
+})
 
-  it.effect("no item is lost when an item and the ping deadline fall on the same instant", () =>
+describe("SSE body", () => {
+  it.effect("writes head and first events, streams later batches, pings when idle, ends with the final frames", () =>
     Effect.gen(function*() {
-      const items = Array.from({ length: 6 }, (_, i) => `item${i}`)
-      const { fiber, seen } = yield* collect(keepAlive(slowSource(items, 8_000), PING_INTERVAL, PING))
-      for (let i = 0; i < 6; i++) yield* advance(8_000)
+      const runtime = yield* Effect.runtime<never>()
+      const scope = yield* Scope.make()
+      const log: Array<string> = []
+      const { state, open } = fakeCall([content("a")])
+      const body = yield* sseBody(runtime, scope, open, "data: head\n\n", handlers(log))
+      expect(drain(body)).toBe("data: head\n\ndata: a\n\n")
+      yield* Effect.promise(() => new Promise<void>((r) => queueMicrotask(r)))
+      expect(state.resumed).toBe(1)
+      expect(state.sink!.onEvents([content("b"), content("c")])).toBe(true)
+      expect(drain(body)).toBe("data: b\n\ndata: c\n\n")
       yield* advance(8_000)
-      yield* Fiber.join(fiber)
-      expect((yield* seen).filter((s) => s !== PING)).toEqual(items)
-    }))
-
-  it.effect("a failure of the source propagates after the items before it", () =>
-    Effect.gen(function*() {
-      const source = Stream.concat(slowSource(["a"], 1_000), Stream.fail("upstream broke" as const))
-      const { fiber, seen } = yield* collect(keepAlive(source, PING_INTERVAL, PING))
-      yield* advance(1_000)
-      const exit = yield* Fiber.await(fiber)
-      expect(yield* seen).toEqual(["a"])
-      expect(exit).toEqual(Exit.fail("upstream broke"))
-    }))
-
-  it.effect("a failure after a long silence propagates after the pings", () =>
-    Effect.gen(function*() {
-      const source = Stream.fromEffect(Effect.sleep("10 seconds").pipe(Effect.zipRight(Effect.fail("late failure" as const))))
-      const { fiber, seen } = yield* collect(keepAlive(source, PING_INTERVAL, PING))
-      yield* advance(10_000)
-      const exit = yield* Fiber.await(fiber)
-      expect(yield* seen).toEqual([PING])
-      expect(exit).toEqual(Exit.fail("late failure"))
-    }))
-
-  it.effect("a defect of the source propagates", () =>
-    Effect.gen(function*() {
-      const exit = yield* keepAlive(Stream.die(new Error("boom")), PING_INTERVAL, PING).pipe(Stream.runCollect, Effect.exit)
-      expect(Exit.isFailure(exit) && !Exit.isInterrupted(exit)).toBe(true)
-    }))
-
-  it.effect("interrupting the consumer interrupts the source and runs its finalizers", () =>
-    Effect.gen(function*() {
-      const released = yield* Deferred.make<void>()
-      const started = yield* Deferred.make<void>()
-      const source = Stream.acquireRelease(Deferred.succeed(started, undefined), () => Deferred.succeed(released, undefined)).pipe(
-        Stream.flatMap(() => Stream.never)
-      )
-      const { fiber, seen } = yield* collect(keepAlive(source as Stream.Stream<string>, PING_INTERVAL, PING))
-      yield* Deferred.await(started)
-      yield* advance(8_000)
-      expect(yield* seen).toEqual([PING])
-      yield* Fiber.interrupt(fiber)
-      expect(yield* Deferred.isDone(released)).toBe(true)
-    }))
-
-  it.effect("the source is back-pressured: it does not run ahead of a stalled consumer", () =>
-    Effect.gen(function*() {
-      const produced = yield* Ref.make(0)
-      const source = Stream.range(1, 1_000).pipe(Stream.tap(() => Ref.update(produced, (n) => n + 1)))
-      const pull = yield* Stream.toPull(keepAlive(source.pipe(Stream.map(String)), PING_INTERVAL, PING))
-      const first = yield* pull
-      expect(Chunk.toReadonlyArray(first)).toEqual(["1"])
+      expect(drain(body)).toBe(PING_FRAME)
+      state.sink!.onEnd()
       yield* Effect.yieldNow()
-      expect(yield* Ref.get(produced)).toBeLessThanOrEqual(3)
-      const rest = yield* Effect.forEach(Array.from({ length: 999 }), () => pull).pipe(Effect.map((cs) => cs.flatMap(Chunk.toReadonlyArray)))
-      expect(rest).toEqual(Array.from({ length: 999 }, (_, i) => String(i + 2)))
-      const end = yield* Effect.either(pull)
-      expect(end._tag === "Left" && Option.isNone(end.left)).toBe(true)
-    }).pipe(Effect.scoped))
+      yield* Effect.yieldNow()
+      expect(log).toEqual(["end"])
+      expect(drain(body)).toBe("data: last\n\ndata: [DONE]\n\n")
+      expect(body.readableEnded || body.read() === null).toBe(true)
+      yield* Scope.close(scope, Exit.void)
+      expect(state.aborted).toBe(1) // the scope's finalizer; a no-op after the end for a real call
+    }))
+
+  it.effect("a mid-stream failure destroys the body without the final frames", () =>
+    Effect.gen(function*() {
+      const runtime = yield* Effect.runtime<never>()
+      const scope = yield* Scope.make()
+      const log: Array<string> = []
+      const { state, open } = fakeCall([content("a")])
+      const body = yield* sseBody(runtime, scope, open, "", handlers(log))
+      drain(body)
+      body.on("error", () => {})
+      state.sink!.onError(new UpstreamError({ kind: "protocol", detail: "dropped" }))
+      yield* Effect.yieldNow()
+      yield* Effect.yieldNow()
+      expect(log).toEqual(["failed:protocol"])
+      expect(body.destroyed).toBe(true)
+      expect(drain(body)).not.toContain("[DONE]")
+      yield* Scope.close(scope, Exit.void)
+    }))
+
+  it.effect("a client that goes away aborts the upstream call and is recorded as cancelled once", () =>
+    Effect.gen(function*() {
+      const runtime = yield* Effect.runtime<never>()
+      const scope = yield* Scope.make()
+      const log: Array<string> = []
+      const { state, open } = fakeCall([content("a")])
+      const body = yield* sseBody(runtime, scope, open, "", handlers(log))
+      body.destroy()
+      body.destroy()
+      yield* Effect.yieldNow()
+      expect(state.aborted).toBe(1)
+      expect(log).toEqual(["cancelled"])
+      expect(state.sink!.onEvents([content("late")])).toBe(false)
+      state.sink!.onEnd()
+      yield* Effect.yieldNow()
+      expect(log).toEqual(["cancelled"])
+      yield* Scope.close(scope, Exit.void)
+    }))
+
+  it.effect("back-pressure: a full buffer pauses the upstream until the client reads", () =>
+    Effect.gen(function*() {
+      const runtime = yield* Effect.runtime<never>()
+      const scope = yield* Scope.make()
+      const { state, open } = fakeCall([content("a")])
+      const body = yield* sseBody(runtime, scope, open, "", handlers([]))
+      yield* Effect.promise(() => new Promise<void>((r) => queueMicrotask(r)))
+      const resumedBefore = state.resumed
+      const big = content("x".repeat(20_000))
+      expect(state.sink!.onEvents([big])).toBe(false)
+      expect(state.resumed).toBe(resumedBefore)
+      drain(body) // the consumer reads: Readable calls read() -> resume
+      yield* Effect.promise(() => new Promise<void>((r) => setImmediate(r)))
+      expect(state.resumed).toBe(resumedBefore + 1)
+      yield* Scope.close(scope, Exit.void)
+    }))
 })
