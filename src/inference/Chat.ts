@@ -1,5 +1,5 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Cause, Chunk, Effect, Either, Exit, FiberRef, Option, Scope, Stream } from "effect"
+import { Cause, Effect, Either, Exit, FiberRef, Option, Scope } from "effect"
 import { Auth, type Caller } from "../auth/Auth.js"
 import type { ModelConfig, PlanConfig } from "../config/GatewayConfig.js"
 import { LiveCatalog, Settings } from "../config/Live.js"

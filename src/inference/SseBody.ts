@@ -42,10 +42,10 @@ export interface SseHandlers {
  * chunk. Back-pressure: when the socket buffer is full `onEvents` returns false and the upstream read
  * pauses until the client drains (`_read` resumes it). Pings go out after 8 s without a frame.
  */
-export const sseBody = (
+export const sseBody = <E>(
   runtime: Runtime.Runtime<never>,
   scope: Scope.Scope,
-  open: (sink: UpstreamSink) => Effect.Effect<UpstreamCall, UpstreamError>,
+  open: (sink: UpstreamSink) => Effect.Effect<UpstreamCall, E>,
   head: string,
   handlers: SseHandlers
 ) =>
@@ -53,12 +53,16 @@ export const sseBody = (
     let call: UpstreamCall | null = null
     let waiting = false
     let done = false
+    /** A mid-stream failure waits until the frames already queued have been handed to the client. */
+    let cutWhenDrained: Error | null = null
+    const cut = () => setImmediate(() => body.destroy(cutWhenDrained!))
     let touch = () => {}
     const run = <A>(effect: Effect.Effect<A>) => Runtime.runFork(runtime)(effect)
 
     const body = new Readable({
       highWaterMark: 16 * 1024,
       read() {
+        if (cutWhenDrained) return cut()
         if (waiting && call && !done) {
           waiting = false
           call.resume()
@@ -99,7 +103,10 @@ export const sseBody = (
       onError: (error) => {
         if (done) return
         done = true
-        run(handlers.failed(error).pipe(Effect.ensuring(Effect.sync(() => body.destroy(new Error(error.detail))))))
+        run(handlers.failed(error).pipe(Effect.ensuring(Effect.sync(() => {
+          cutWhenDrained = new Error(error.detail)
+          if (body.readableLength === 0) cut()
+        }))))
       }
     }
 
