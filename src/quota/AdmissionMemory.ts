@@ -340,6 +340,7 @@ export const make = (options: MemoryOptions) =>
     }
 
     const flushLock = yield* Effect.makeSemaphore(1)
+    // Uninterruptible: it clears dirty marks before writing, so it must not stop half way (shutdown waits for it).
     const flush: Effect.Effect<void> = repo === undefined ? Effect.void : flushLock.withPermits(1)(Effect.suspend(() => {
       const live = [...dirtyActors]
       dirtyActors.clear()
@@ -374,7 +375,7 @@ export const make = (options: MemoryOptions) =>
             )
         })
       )
-    }))
+    }).pipe(Effect.uninterruptible))
 
     // Registered before the actors' RcMap, so it runs after every actor has been passivated into `pending`.
     yield* Effect.addFinalizer(() => flush)

@@ -343,6 +343,17 @@ export const clientOptions = (commandTimeoutMs: number): RedisOptions => ({
   retryStrategy: (times) => Math.min(times * 100, 2_000)
 })
 
+/** Settles when `promise` does or after `ms` of real time, whichever is first; never rejects. */
+const within = (promise: Promise<unknown>, ms: number): Promise<void> => {
+  let timer: ReturnType<typeof setTimeout> | undefined
+  return Promise.race([
+    promise.then(() => undefined, () => undefined),
+    new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, ms)
+    })
+  ]).finally(() => clearTimeout(timer))
+}
+
 const num = (x: unknown): number => Number(x)
 const time = (x: unknown): number | null => {
   const n = Number(x)
@@ -398,15 +409,13 @@ export const make = (options: RedisAdmissionOptions) =>
         return redis
       }),
       (redis) =>
-        Effect.promise(() =>
-          Promise.race([redis.quit().catch(() => undefined), new Promise((r) => setTimeout(r, 1_000))])
-        ).pipe(Effect.ensuring(Effect.sync(() => redis.disconnect())))
+        Effect.promise(() => within(redis.quit(), 1_000)).pipe(
+          Effect.ensuring(Effect.sync(() => redis.disconnect()))
+        )
     ))
     if (options.client === undefined) {
       // Wait (real time, bounded) for the first connection; if Redis is down, serve 503s and keep reconnecting.
-      yield* Effect.promise(() =>
-        Promise.race([client.connect().catch(() => undefined), new Promise((r) => setTimeout(r, 2_000))])
-      )
+      yield* Effect.promise(() => within(client.connect(), 2_000))
     }
     const redis = defineScripts(client)
 
@@ -494,7 +503,7 @@ export const make = (options: RedisAdmissionOptions) =>
             )
           )
         )
-      })
+      }).pipe(Effect.uninterruptible) // it takes the touched sets first: it must not stop half way
     )
     yield* Effect.addFinalizer(() => snapshot)
 
@@ -675,9 +684,10 @@ export const make = (options: RedisAdmissionOptions) =>
         const leaseId = `${replica}.${(++seq).toString(36)}`
         const attempt = (reportMissing: boolean) =>
           runAdmit(input, leaseId, reportMissing).pipe(
-            Effect.tapError(() =>
-              // The script may have run although the reply was lost (timeout): undo by lease id, best effort.
-              input.byok ? Effect.void : Effect.sync(() => {
+            Effect.tapError((e) =>
+              // After a timeout the script may have run although the reply was lost: undo by lease id (a no-op
+              // if it did not run). Other errors mean the command was never sent (offline queue disabled).
+              input.byok || !e.detail?.includes("timed out") ? Effect.void : Effect.sync(() => {
                 redis.wsSettle(...settleKeys(input, leaseId), nowArg(), "release", 0, 0, leaseId).catch(() =>
                   addRepair({ keys: settleKeys(input, leaseId), args: ["release", 0, 0, leaseId] })
                 )

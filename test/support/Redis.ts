@@ -43,6 +43,9 @@ export interface PrivateRedis {
   readonly start: () => Promise<void>
   /** Stops the server (the child this helper spawned). */
   readonly stop: () => Promise<void>
+  /** Freezes / thaws the server process (SIGSTOP / SIGCONT): commands hang instead of failing. */
+  readonly pause: () => void
+  readonly resume: () => void
 }
 
 export const hasRedisServer = (): boolean => spawnSync("redis-server", ["--version"], { stdio: "ignore" }).status === 0
@@ -71,5 +74,18 @@ export const privateRedis = async (): Promise<PrivateRedis> => {
       c.kill("SIGTERM")
     })
   }
-  return { url: `redis://127.0.0.1:${port}`, port, start, stop }
+  const signal = (sig: NodeJS.Signals) => {
+    if (child !== undefined && child.exitCode === null) child.kill(sig)
+  }
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    port,
+    start,
+    stop: async () => {
+      signal("SIGCONT")
+      await stop()
+    },
+    pause: () => signal("SIGSTOP"),
+    resume: () => signal("SIGCONT")
+  }
 }
