@@ -90,9 +90,77 @@ export class UpstreamError extends Data.TaggedError("UpstreamError")<{
   readonly detail: string
 }> {}
 
+/**
+ * The consumer side of a push-based streamed call (`UpstreamAdapter.open`): plain callbacks, called
+ * synchronously from the adapter's I/O or timer callbacks, never from inside `open`'s Effect.
+ *
+ * - Batches are non-empty and in order; `onEnd` / `onError` come after the last batch.
+ * - Exactly one of `onEnd` / `onError` is called, once, unless the call was aborted first; nothing
+ *   is called after it, nor after `abort()`.
+ * - No callback is made while the consumer is paused: after `open` resolves (until the first
+ *   `resume()`) and after `onEvents` returned false (until the next `resume()`). Events, the end
+ *   or a failure that arrive meanwhile are held and delivered, in that order, from `resume()`.
+ * - Callbacks must not throw. If one does, the call is aborted and the exception logged (as a
+ *   defect on the fiber that opened the call).
+ */
+export interface UpstreamSink {
+  /**
+   * A batch of events (usually one upstream socket read's worth). Return false when backed up: the
+   * adapter stops reading the upstream socket (at most the data already read is buffered) and makes
+   * no further callback until `call.resume()`.
+   */
+  onEvents(events: ReadonlyArray<UpstreamEvent>): boolean
+  /** The answer is complete; all its events were delivered (in `first` and `onEvents`). */
+  onEnd(): void
+  /** A failure after `open` resolved: idle / total timeout, connection lost, protocol error. */
+  onError(error: UpstreamError): void
+}
+
+/** A streamed call opened by `UpstreamAdapter.open`. Its functions may be passed detached. */
+export interface UpstreamCall {
+  /**
+   * The events available when `open` resolved, in order, at least one. Later events go to the sink,
+   * starting from the first `resume()`.
+   */
+  readonly first: ReadonlyArray<UpstreamEvent>
+  /**
+   * The consumer is ready for more: delivers what was held since it paused (possibly synchronously,
+   * from inside this call) and resumes reading the upstream socket. Must be called once after
+   * handling `first` to receive anything else. Called from inside `onEvents`, it cancels that
+   * call's false return. Otherwise a no-op when not paused, after the end, or after abort.
+   */
+  readonly resume: () => void
+  /**
+   * Gives up on the call: closes the upstream socket unless the answer already arrived completely,
+   * stops the timers, and no sink callback is made after it returns. Idempotent; a no-op after
+   * `onEnd` / `onError`.
+   */
+  readonly abort: () => void
+}
+
 export interface UpstreamAdapter {
   /** Interrupting the stream must abort the upstream HTTP request (socket closed). */
   readonly chat: (request: UpstreamRequest) => Stream.Stream<UpstreamEvent, UpstreamError>
+  /**
+   * The whole answer as one array (for non-streaming client requests): the same events, errors and
+   * timeouts as `chat`, without Stream machinery. The upstream is asked for a streamed answer only if
+   * `request.stream` is true. Interruption aborts the upstream request.
+   */
+  readonly complete: (request: UpstreamRequest) => Effect.Effect<ReadonlyArray<UpstreamEvent>, UpstreamError>
+  /**
+   * Push-based streaming: sends the request and resolves once the first events are available, with
+   * them in `call.first`; fails with the `UpstreamError` when the call fails before any event
+   * (connect, non-2xx status, first-token timeout, dropped before an event, ...), so the caller can
+   * still answer with a JSON error. Interrupting it before it resolves aborts the upstream request.
+   *
+   * After it resolves the call is paused: the caller handles `first`, then calls `call.resume()` to
+   * receive the rest through `sink` (see `UpstreamSink` for the ordering guarantees). The caller owns
+   * the call from then on and must end it with `abort()` if it stops listening before `onEnd` /
+   * `onError` -- e.g. acquire it with `Effect.uninterruptibleMask((restore) => restore(open(..)).pipe(
+   * Effect.tap((call) => Scope.addFinalizer(scope, Effect.sync(call.abort)))))` so that an
+   * interruption right after resolution cannot leak it.
+   */
+  readonly open: (request: UpstreamRequest, sink: UpstreamSink) => Effect.Effect<UpstreamCall, UpstreamError>
   /** Embeddings: one vector per input. */
   readonly embed: (model: string, input: ReadonlyArray<string>) => Effect.Effect<
     { readonly vectors: ReadonlyArray<ReadonlyArray<number>>; readonly prompt_tokens: number },

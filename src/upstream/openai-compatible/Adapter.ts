@@ -3,27 +3,48 @@
  * with the low-level `dispatch` API (no body Readable, no header objects beyond one parse), the
  * response parsed incrementally into normalized events.
  *
- * Timeouts follow the fiber's `Clock`, so `TestClock` drives them: `first_token_ms` from the request
- * until the first event, `idle_ms` between response chunks, `total_ms` for the whole answer. One
- * watchdog per request re-arms itself at the nearest deadline; chunks only record their arrival time.
- * On the default live clock the watchdog is a plain timer (what `Clock.sleep` does underneath, without
- * a fiber per request); on any other clock it is a forked fiber sleeping on that clock.
- * `connect_ms` is the socket (and TLS) connect timeout of the pool.
+ * One undici handler class (`CallBase`) owns the transport, the parsing and the timeouts; three
+ * consumers sit on top of it:
+ * - `complete`: one `Effect.async` that resumes with every event once the answer is complete;
+ * - `open`: push-based, an `Effect.async` that resumes with the first events, then plain sink
+ *   callbacks (see `UpstreamSink`), no fiber per request and no Stream;
+ * - `chat`: the `Stream`, `repeatEffectChunkOption(pull)` + `ensuring(close)`, started on the first
+ *   pull (measured about 70 µs cheaper per request than `Stream.fromPull`).
  *
- * The stream is `repeatEffectChunkOption(pull)` + `ensuring(close)`, started on the first pull:
- * measured about 70 µs cheaper per request than `Stream.fromPull`, whose scope costs more than the
- * rest of the adapter.
+ * Timeouts follow the fiber's `Clock`, so `TestClock` drives them: `first_token_ms` from the request
+ * until the first event (until the response headers for a non-streamed answer), `idle_ms` between
+ * response chunks (not counted while the socket is paused for a slow consumer), `total_ms` for the
+ * whole answer. One watchdog per request re-arms itself at the nearest deadline; chunks only record
+ * their arrival time. On the default live clock the watchdog is a plain timer (what `Clock.sleep`
+ * does underneath, without a fiber per request); on any other clock it is a forked fiber sleeping on
+ * that clock (for `open`, the clock of the fiber that opened the call).
+ * `connect_ms` is the socket (and TLS) connect timeout of the pool, real time only.
  */
 import { StringDecoder } from "node:string_decoder"
-import { Chunk, Clock, Context, DefaultServices, Duration, Effect, Fiber, Option, Stream } from "effect"
+import {
+  Cause,
+  Chunk,
+  Clock,
+  Context,
+  DefaultServices,
+  Duration,
+  Effect,
+  type Fiber,
+  FiberId,
+  Option,
+  Stream
+} from "effect"
 import { type Dispatcher, Pool } from "undici"
 import type { OpenAiCompatibleProvider } from "../../config/GatewayConfig.js"
+import { DetachedLog } from "../DetachedLog.js"
 import {
   type Message,
   type UpstreamAdapter,
+  type UpstreamCall,
   UpstreamError,
   type UpstreamEvent,
-  type UpstreamRequest
+  type UpstreamRequest,
+  type UpstreamSink
 } from "../Upstream.js"
 import { ChatNormalizer } from "./Normalize.js"
 import { SseParser } from "./Sse.js"
@@ -35,7 +56,7 @@ export interface OpenAiCompatibleAdapter extends UpstreamAdapter {
   readonly close: (grace?: Duration.DurationInput) => Effect.Effect<void>
 }
 
-/** Queued events above which the upstream socket is paused until the consumer pulls. */
+/** Queued events above which the upstream socket is paused until the Stream consumer pulls. */
 const HIGH_WATER = 1024
 /** Error bodies are read up to this size for the message. */
 const MAX_ERROR_BODY = 64 * 1024
@@ -121,44 +142,43 @@ const headerText = (value: string | Array<string> | undefined): string =>
   value === undefined ? "" : typeof value === "string" ? value : value.join(",")
 
 // ---------------------------------------------------------------------------------------------
-// One streamed chat call: an undici handler that the Stream pulls from
+// One chat call: the undici handler, parsing and timeouts shared by `chat`, `complete` and `open`
 
-type Pull = Effect.Effect<Chunk.Chunk<UpstreamEvent>, Option.Option<UpstreamError>>
 type Timeouts = OpenAiCompatibleProviderConfig["timeouts"]
-
-const END: Pull = Effect.fail(Option.none())
 
 const liveClock = Context.get(DefaultServices.liveServices, Clock.Clock)
 
 /** How the response body is read: not yet known, SSE, one JSON body, or an error body. */
 type Mode = "headers" | "sse" | "json" | "failed"
 
-class ChatCall implements Dispatcher.DispatchHandler {
+const skippedWarning = (skipped: number, sample: string): Effect.Effect<void> =>
+  Effect.logWarning("skipped undecodable upstream SSE frame").pipe(Effect.annotateLogs({ skipped, sample }))
+
+abstract class CallBase implements Dispatcher.DispatchHandler {
   private controller: Dispatcher.DispatchController | undefined = undefined
-  private started = false
-  /** The stream is finished with this call: late callbacks are ignored. */
-  private closed = false
-  /** The HTTP response has fully arrived. */
-  private ended = false
+  /** The consumer is finished with this call: late callbacks are ignored. */
+  protected closed = false
+  /** The HTTP response has fully arrived (or failed). */
+  protected ended = false
   /** No more events will come (answer complete or failed). */
-  private done = false
-  private failure: UpstreamError | undefined = undefined
+  protected done = false
+  protected failure: UpstreamError | undefined = undefined
   private mode: Mode = "headers"
   private status = 0
-  private body: Array<Buffer> = []
+  private body: Array<Buffer> | undefined = undefined
   private bodySize = 0
   private decoder: StringDecoder | undefined = undefined
   private parser: SseParser | undefined = undefined
-  private readonly normalizer = new ChatNormalizer()
-  private waiter: ((pull: Pull) => void) | undefined = undefined
-  private paused = false
+  protected readonly normalizer = new ChatNormalizer()
+  /** The socket read is paused (`controller.pause()`) for a consumer that is behind. */
+  protected paused = false
   private sawFirst = false
-  private loggedSkips = 0
-  private clock: Clock.Clock = liveClock
+  protected loggedSkips = 0
+  protected clock: Clock.Clock = liveClock
   private startedAt = 0
-  private lastActivity = 0
+  protected lastActivity = 0
   private timer: ReturnType<typeof setTimeout> | undefined = undefined
-  private watchdogFiber: Fiber.RuntimeFiber<void> | undefined = undefined
+  watchdogFiber: Fiber.RuntimeFiber<void> | undefined = undefined
 
   constructor(
     private readonly pool: Pool,
@@ -166,21 +186,20 @@ class ChatCall implements Dispatcher.DispatchHandler {
     private readonly timeouts: Timeouts
   ) {}
 
-  /** Sends the request on the first pull, on the clock of the pulling fiber. */
-  private readonly start: Pull = Effect.clockWith((clock) => {
-    this.started = true
+  /** New events, the end, or a failure: the consumer's turn. */
+  protected abstract signal(): void
+
+  /** Starts the clocks; on a clock other than the live one, fork `watchdog` after this. */
+  init(clock: Clock.Clock): void {
     this.clock = clock
     this.startedAt = this.lastActivity = clock.unsafeCurrentTimeMillis()
+  }
+
+  /** Sends the request (after `init`); arms the watchdog timer on the live clock. */
+  protected send(): void {
     this.pool.dispatch(this.options, this)
-    if (clock === liveClock) {
-      this.armTimer()
-      return this.next()
-    }
-    return Effect.flatMap(Effect.forkDaemon(this.watchdog), (fiber) => {
-      this.watchdogFiber = fiber
-      return this.next()
-    })
-  })
+    if (this.clock === liveClock && !this.done) this.armTimer()
+  }
 
   // --- undici handler -------------------------------------------------------------------------
 
@@ -199,6 +218,7 @@ class ChatCall implements Dispatcher.DispatchHandler {
     this.lastActivity = this.clock.unsafeCurrentTimeMillis()
     if (status >= 300) {
       this.mode = "failed"
+      this.body = []
     } else if (headerText(headers["content-type"]).includes("text/event-stream")) {
       this.mode = "sse"
       this.decoder = new StringDecoder("utf8")
@@ -206,16 +226,17 @@ class ChatCall implements Dispatcher.DispatchHandler {
       this.parser = new SseParser((data) => normalizer.onData(data))
     } else {
       this.mode = "json"
+      this.body = []
       this.sawFirst = true
     }
   }
 
-  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+  onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
     if (this.closed || this.done) return
     this.lastActivity = this.clock.unsafeCurrentTimeMillis()
     if (this.mode !== "sse") {
       this.bodySize += chunk.length
-      if (this.bodySize <= (this.mode === "json" ? MAX_JSON_BODY : MAX_ERROR_BODY)) this.body.push(chunk)
+      if (this.bodySize <= (this.mode === "json" ? MAX_JSON_BODY : MAX_ERROR_BODY)) this.body!.push(chunk)
       else if (this.mode === "json") this.fail(new UpstreamError({ kind: "protocol", detail: "answer too large" }))
       return
     }
@@ -231,11 +252,7 @@ class ChatCall implements Dispatcher.DispatchHandler {
     if (normalizer.sawDone) return this.finish()
     if (normalizer.events.length > 0) {
       this.sawFirst = true
-      if (normalizer.events.length > HIGH_WATER && !this.paused) {
-        this.paused = true
-        controller.pause()
-      }
-      this.wake()
+      this.signal()
     }
   }
 
@@ -251,8 +268,9 @@ class ChatCall implements Dispatcher.DispatchHandler {
       }
       return this.finish()
     }
-    const text = this.body.length === 1 ? this.body[0]!.toString("utf8") : Buffer.concat(this.body).toString("utf8")
-    this.body = []
+    const body = this.body!
+    const text = body.length === 1 ? body[0]!.toString("utf8") : Buffer.concat(body).toString("utf8")
+    this.body = undefined
     if (this.mode === "failed") return this.fail(statusError(this.status, text))
     let json: unknown
     try {
@@ -263,8 +281,8 @@ class ChatCall implements Dispatcher.DispatchHandler {
     const problem = this.normalizer.onJson(json)
     if (problem !== undefined) return this.fail(new UpstreamError({ kind: "protocol", detail: problem }))
     this.done = true
-    clearTimeout(this.timer)
-    this.wake()
+    this.stopWatchdog()
+    this.signal()
   }
 
   onResponseError(_controller: Dispatcher.DispatchController, error: Error): void {
@@ -280,77 +298,65 @@ class ChatCall implements Dispatcher.DispatchHandler {
     const problem = this.normalizer.end()
     if (problem !== undefined) return this.fail(new UpstreamError({ kind: "protocol", detail: problem }))
     this.done = true
-    clearTimeout(this.timer)
-    this.wake()
+    this.stopWatchdog()
+    // Let the rest of the response (its terminator) be read so that the connection is reused. Only
+    // ever called from inside this call's own parser callbacks, where resuming just clears the flag.
+    if (this.paused) this.resumeSocket()
+    this.signal()
   }
 
-  private fail(error: UpstreamError): void {
+  protected fail(error: UpstreamError): void {
     if (this.done) return
     this.done = true
     this.failure = error
-    this.body = []
-    clearTimeout(this.timer)
+    this.body = undefined
+    this.stopWatchdog()
     if (!this.ended) this.controller?.abort(ABORTED)
-    this.wake()
+    this.signal()
   }
 
-  private wake(): void {
-    const waiter = this.waiter
-    if (waiter !== undefined) {
-      this.waiter = undefined
-      waiter(this.next())
-    }
+  protected pauseSocket(): void {
+    this.paused = true
+    this.controller?.pause()
   }
 
-  /** Stream finalizer: an unfinished upstream request is aborted, which closes its socket. */
-  readonly close: Effect.Effect<void> = Effect.suspend(() => {
-    this.closed = true
+  /**
+   * Resumes a paused socket. undici's parser may deliver buffered data synchronously from here, and
+   * must not be resumed from inside another connection's parser callback: callers outside this
+   * call's own callbacks defer it to a microtask (`resumeSocketLater`).
+   */
+  protected resumeSocket(): void {
+    this.paused = false
+    this.lastActivity = this.clock.unsafeCurrentTimeMillis()
+    this.controller?.resume()
+  }
+
+  private stopWatchdog(): void {
     clearTimeout(this.timer)
-    if (!this.ended && (!this.done || this.failure !== undefined)) this.controller?.abort(ABORTED)
     const fiber = this.watchdogFiber
-    return fiber === undefined ? Effect.void : Fiber.interruptFork(fiber)
-  })
-
-  // --- pulling --------------------------------------------------------------------------------
-
-  private next(): Pull {
-    const normalizer = this.normalizer
-    if (normalizer.skipped > this.loggedSkips) {
-      const skipped = normalizer.skipped - this.loggedSkips
-      this.loggedSkips = normalizer.skipped
-      return Effect.zipRight(
-        Effect.logWarning("skipped undecodable upstream SSE frame").pipe(
-          Effect.annotateLogs({ skipped, sample: normalizer.lastSkipped })
-        ),
-        Effect.suspend(() => this.next())
-      )
+    if (fiber !== undefined) {
+      this.watchdogFiber = undefined
+      fiber.unsafeInterruptAsFork(FiberId.none)
     }
-    const events = normalizer.events
-    if (events.length > 0) {
-      normalizer.events = []
-      if (this.paused) {
-        this.paused = false
-        this.lastActivity = this.clock.unsafeCurrentTimeMillis()
-        this.controller?.resume()
-      }
-      return Effect.succeed(Chunk.unsafeFromArray(events))
-    }
-    if (this.failure !== undefined) return Effect.fail(Option.some(this.failure))
-    if (this.done) return END
-    return this.wait
   }
 
-  readonly pull: Pull = Effect.suspend(() => (this.started ? this.next() : this.start))
+  /** The consumer is gone: an unfinished upstream request is aborted, which closes its socket. */
+  protected closeCall(): void {
+    this.closed = true
+    this.stopWatchdog()
+    if (!this.ended && (!this.done || this.failure !== undefined)) this.controller?.abort(ABORTED)
+  }
 
-  private readonly wait: Pull = Effect.async<Chunk.Chunk<UpstreamEvent>, Option.Option<UpstreamError>>((resume) => {
-    // Progress may have been made since `next()` chose to wait (the fiber can yield in between).
-    const now = this.next()
-    if (now !== this.wait) return resume(now)
-    this.waiter = resume
-    return Effect.sync(() => {
-      this.waiter = undefined
-    })
-  })
+  /** Logs SSE frames skipped since the last call, or returns undefined when there are none. */
+  protected skippedLog(): Effect.Effect<void> | undefined {
+    const normalizer = this.normalizer
+    if (normalizer.skipped === this.loggedSkips) return undefined
+    const skipped = normalizer.skipped - this.loggedSkips
+    this.loggedSkips = normalizer.skipped
+    return skippedWarning(skipped, normalizer.lastSkipped)
+  }
+
+  // --- timeouts -------------------------------------------------------------------------------
 
   /**
    * Checks the deadlines: fails the call if the nearest one passed without progress, else returns
@@ -390,11 +396,242 @@ class ChatCall implements Dispatcher.DispatchHandler {
 
   private readonly onTimer = () => this.armTimer()
 
-  /** The watchdog on any other clock (e.g. `TestClock`). */
-  private readonly watchdog: Effect.Effect<void> = Effect.suspend(() => {
+  /** The watchdog on any other clock (e.g. `TestClock`), as a forked fiber. */
+  readonly watchdog: Effect.Effect<void> = Effect.suspend(() => {
     const wait = this.check()
     return wait === undefined ? Effect.void : Effect.zipRight(Effect.sleep(wait), this.watchdog)
   })
+}
+
+/** Runs `run` with the watchdog of `call` on `clock`: a timer on the live clock, else a fiber. */
+const watched = <A, E>(call: CallBase, clock: Clock.Clock, run: Effect.Effect<A, E>): Effect.Effect<A, E> => {
+  call.init(clock)
+  if (clock === liveClock) return run
+  return Effect.flatMap(Effect.forkDaemon(call.watchdog), (fiber) => {
+    call.watchdogFiber = fiber
+    return run
+  })
+}
+
+const clockOf = (fiber: Fiber.RuntimeFiber<unknown, unknown>): Clock.Clock =>
+  Context.get(fiber.currentDefaultServices, Clock.Clock)
+
+// ---------------------------------------------------------------------------------------------
+// `chat`: a Stream pulling from the call
+
+type Pull = Effect.Effect<Chunk.Chunk<UpstreamEvent>, Option.Option<UpstreamError>>
+
+const END: Pull = Effect.fail(Option.none())
+
+class PullCall extends CallBase {
+  private started = false
+  private waiter: ((pull: Pull) => void) | undefined = undefined
+
+  /** Sends the request on the first pull, on the clock of the pulling fiber. */
+  private readonly start: Pull = Effect.clockWith((clock) => {
+    this.started = true
+    return watched(this, clock, Effect.suspend(() => {
+      this.send()
+      return this.next()
+    }))
+  })
+
+  protected signal(): void {
+    if (this.normalizer.events.length > HIGH_WATER && !this.paused && !this.done) this.pauseSocket()
+    const waiter = this.waiter
+    if (waiter !== undefined) {
+      this.waiter = undefined
+      waiter(this.next())
+    }
+  }
+
+  /** Stream finalizer. */
+  readonly close: Effect.Effect<void> = Effect.sync(() => this.closeCall())
+
+  private next(): Pull {
+    const log = this.skippedLog()
+    if (log !== undefined) return Effect.zipRight(log, Effect.suspend(() => this.next()))
+    const normalizer = this.normalizer
+    const events = normalizer.events
+    if (events.length > 0) {
+      normalizer.events = []
+      // Pulls run in a fiber, never inside a parser callback; `signal` may call `next` from inside
+      // this call's own callback, where resuming only clears the pause flag.
+      if (this.paused) this.resumeSocket()
+      return Effect.succeed(Chunk.unsafeFromArray(events))
+    }
+    if (this.failure !== undefined) return Effect.fail(Option.some(this.failure))
+    if (this.done) return END
+    return this.wait
+  }
+
+  readonly pull: Pull = Effect.suspend(() => (this.started ? this.next() : this.start))
+
+  private readonly wait: Pull = Effect.async<Chunk.Chunk<UpstreamEvent>, Option.Option<UpstreamError>>((resume) => {
+    // Progress may have been made since `next()` chose to wait (the fiber can yield in between).
+    const now = this.next()
+    if (now !== this.wait) return resume(now)
+    this.waiter = resume
+    return Effect.sync(() => {
+      this.waiter = undefined
+    })
+  })
+}
+
+// ---------------------------------------------------------------------------------------------
+// `complete`: one Effect.async resumed with the whole answer
+
+type Resume<A> = (effect: Effect.Effect<A, UpstreamError>) => void
+
+class CompleteCall extends CallBase {
+  private resolve: Resume<ReadonlyArray<UpstreamEvent>> | undefined = undefined
+
+  readonly run: Effect.Effect<ReadonlyArray<UpstreamEvent>, UpstreamError> = Effect.async((resume) => {
+    this.resolve = resume
+    this.send()
+    return Effect.sync(() => {
+      this.resolve = undefined
+      this.closeCall()
+    })
+  })
+
+  protected signal(): void {
+    if (!this.done) return
+    const resolve = this.resolve
+    if (resolve === undefined) return
+    this.resolve = undefined
+    this.closed = true
+    if (this.failure !== undefined) return resolve(Effect.fail(this.failure))
+    const events = this.normalizer.events
+    this.normalizer.events = []
+    const log = this.skippedLog()
+    resolve(log === undefined ? Effect.succeed(events) : Effect.as(log, events))
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `open`: push-based
+
+const PENDING = 0
+const OPEN = 1
+const FINISHED = 2
+
+const NO_EVENTS: ReadonlyArray<UpstreamEvent> = []
+
+class PushCall extends CallBase implements UpstreamCall {
+  first: ReadonlyArray<UpstreamEvent> = NO_EVENTS
+  /** PENDING until `open` resolves, OPEN until the terminal callback or abort, then FINISHED. */
+  private phase = PENDING
+  /** The consumer is paused: after resolution until `resume()`, after `onEvents` returned false. */
+  private held = true
+  private delivering = false
+  /** `resume()` was called from inside `onEvents`: its false return does not hold the call. */
+  private resumedInside = false
+  private resumeQueued = false
+  private resolve: Resume<UpstreamCall> | undefined = undefined
+
+  constructor(
+    pool: Pool,
+    options: Dispatcher.DispatchOptions,
+    timeouts: Timeouts,
+    private readonly sink: UpstreamSink,
+    private readonly log: DetachedLog
+  ) {
+    super(pool, options, timeouts)
+  }
+
+  readonly run: Effect.Effect<UpstreamCall, UpstreamError> = Effect.async((resume) => {
+    this.resolve = resume
+    this.send()
+    return Effect.sync(this.abort)
+  })
+
+  protected signal(): void {
+    if (this.phase === OPEN) {
+      if (!this.held) this.deliver()
+      else if (!this.paused && !this.done && this.normalizer.events.length > 0) this.pauseSocket()
+      return
+    }
+    if (this.phase !== PENDING) return
+    const resolve = this.resolve!
+    const events = this.normalizer.events
+    if (events.length > 0 || this.failure === undefined) {
+      // Events (a failure or the end in the same read stays held for the sink), or the end.
+      this.normalizer.events = []
+      this.first = events
+      this.phase = OPEN
+      this.resolve = undefined
+      const log = this.skippedLog()
+      resolve(log === undefined ? Effect.succeed(this) : Effect.as(log, this))
+    } else {
+      this.phase = FINISHED
+      this.closed = true
+      this.resolve = undefined
+      resolve(Effect.fail(this.failure))
+    }
+  }
+
+  private deliver(): void {
+    if (this.delivering) return
+    this.delivering = true
+    const sink = this.sink
+    const normalizer = this.normalizer
+    try {
+      while (this.phase === OPEN && !this.held) {
+        if (normalizer.skipped !== this.loggedSkips) this.log.run(this.skippedLog()!)
+        const events = normalizer.events
+        if (events.length > 0) {
+          normalizer.events = []
+          this.resumedInside = false
+          if (!sink.onEvents(events) && !this.resumedInside) {
+            this.held = true
+            if (!this.paused && !this.done) this.pauseSocket()
+          }
+        } else {
+          if (this.failure !== undefined) {
+            this.phase = FINISHED
+            this.closed = true
+            sink.onError(this.failure)
+          } else if (this.done) {
+            this.phase = FINISHED
+            this.closed = true
+            sink.onEnd()
+          }
+          break
+        }
+      }
+    } catch (defect) {
+      this.abort()
+      this.log.run(Effect.logError("upstream sink callback threw; call aborted", Cause.die(defect)))
+    } finally {
+      this.delivering = false
+    }
+  }
+
+  readonly resume = (): void => {
+    if (this.phase !== OPEN) return
+    if (!this.held) {
+      if (this.delivering) this.resumedInside = true
+      return
+    }
+    this.held = false
+    this.deliver()
+    if (this.phase === OPEN && !this.held && this.paused && !this.resumeQueued) {
+      this.resumeQueued = true
+      queueMicrotask(() => {
+        this.resumeQueued = false
+        if (this.phase === OPEN && !this.held && this.paused) this.resumeSocket()
+      })
+    }
+  }
+
+  readonly abort = (): void => {
+    // `closed` is also set when the terminal callback is made: then there is nothing to release.
+    if (this.closed) return
+    this.phase = FINISHED
+    this.resolve = undefined
+    this.closeCall()
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -504,15 +741,29 @@ export const makeOpenAiCompatibleAdapter = (
   const chatPath = `${basePath}/chat/completions`
   const embeddingsPath = `${basePath}/embeddings`
 
+  const chatOptions = (request: UpstreamRequest): Dispatcher.DispatchOptions => ({
+    path: chatPath,
+    method: "POST",
+    headers: request.stream ? sseHeaders : jsonHeaders,
+    body: encodeChatRequest(request)
+  })
+
   const chat = (request: UpstreamRequest): Stream.Stream<UpstreamEvent, UpstreamError> =>
     Stream.suspend(() => {
-      const call = new ChatCall(pool, {
-        path: chatPath,
-        method: "POST",
-        headers: request.stream ? sseHeaders : jsonHeaders,
-        body: encodeChatRequest(request)
-      }, timeouts)
+      const call = new PullCall(pool, chatOptions(request), timeouts)
       return Stream.ensuring(Stream.repeatEffectChunkOption(call.pull), call.close)
+    })
+
+  const complete = (request: UpstreamRequest): Effect.Effect<ReadonlyArray<UpstreamEvent>, UpstreamError> =>
+    Effect.withFiberRuntime((fiber) => {
+      const call = new CompleteCall(pool, chatOptions(request), timeouts)
+      return watched(call, clockOf(fiber), call.run)
+    })
+
+  const open = (request: UpstreamRequest, sink: UpstreamSink): Effect.Effect<UpstreamCall, UpstreamError> =>
+    Effect.withFiberRuntime((fiber) => {
+      const call = new PushCall(pool, chatOptions(request), timeouts, sink, new DetachedLog(fiber))
+      return watched(call, clockOf(fiber), call.run)
     })
 
   const embed: UpstreamAdapter["embed"] = (model, input) =>
@@ -545,7 +796,7 @@ export const makeOpenAiCompatibleAdapter = (
       Effect.ignore
     )
 
-  return { chat, embed, close }
+  return { chat, complete, open, embed, close }
 }
 
 /** The adapter as a scoped resource: its pool closes with the scope. */

@@ -2,18 +2,22 @@
  * A deterministic simulated model. The same request always yields the same events, so tests and
  * benchmarks can assert exact output. `planChat` is pure and synchronous (the HTTP sim server uses it
  * directly); `simulateChat` paces a plan with `Effect.sleep`, so `TestClock` drives the latency.
+ * `simulateComplete` and `simulateOpen` are the adapter's Stream-free `complete` and `open`.
  */
 import { createHash } from "node:crypto"
-import { Chunk, Clock, Effect, Option, Stream } from "effect"
+import { Cause, Chunk, Clock, Context, DefaultServices, Effect, type Fiber, FiberId, Option, Stream } from "effect"
 import type { SimulatedProvider } from "../../config/GatewayConfig.js"
+import { DetachedLog } from "../DetachedLog.js"
 import type {
   ContentPart,
   FinishReason,
   Message,
   ToolDefinition,
   UpstreamAdapter,
+  UpstreamCall,
   UpstreamEvent,
   UpstreamRequest,
+  UpstreamSink,
   Usage
 } from "../Upstream.js"
 
@@ -460,6 +464,143 @@ export const simulateChat = (request: UpstreamRequest, timing: SimulatedTiming):
     }))
   })
 
+/** The whole plan after the time its last event is due (no sleep at all when unpaced). */
+export const simulateComplete = (
+  request: UpstreamRequest,
+  timing: SimulatedTiming
+): Effect.Effect<ReadonlyArray<UpstreamEvent>> =>
+  Effect.suspend(() => {
+    const plan = planChat(request)
+    if (timing.first_token_ms <= 0 && timing.tokens_per_second <= 0) return Effect.succeed(plan.events)
+    const due = schedule(plan, timing)
+    const last = due[due.length - 1]!
+    return last > 0 ? Effect.as(Effect.sleep(last), plan.events) : Effect.succeed(plan.events)
+  })
+
+const liveClock = Context.get(DefaultServices.liveServices, Clock.Clock)
+
+/**
+ * A push-based simulated call (`UpstreamAdapter.open`), with the same guarantees as the HTTP
+ * adapter's: events in order in batches of what is due, then `onEnd`; nothing while paused. Pacing
+ * uses plain timers on the live clock and a forked fiber sleeping on any other clock (TestClock).
+ */
+class SimulatedCall implements UpstreamCall {
+  first: ReadonlyArray<UpstreamEvent> = []
+  private next = 0
+  private held = true
+  private finished = false
+  private delivering = false
+  private resumedInside = false
+  private timer: ReturnType<typeof setTimeout> | undefined = undefined
+  private pacer: Fiber.RuntimeFiber<void> | undefined = undefined
+
+  constructor(
+    private readonly events: ReadonlyArray<UpstreamEvent>,
+    /** When each event is due, absolute on `clock`; undefined when unpaced (all in `first`). */
+    private readonly due: Float64Array | undefined,
+    private readonly clock: Clock.Clock,
+    private readonly sink: UpstreamSink,
+    private readonly log: DetachedLog
+  ) {
+    // Resolution happens when the first event is due (a timer may fire a little early).
+    this.next = due === undefined ? events.length : Math.max(1, this.dueBy(0, clock.unsafeCurrentTimeMillis()))
+    this.first = this.next === events.length ? events : events.slice(0, this.next)
+  }
+
+  private dueBy(from: number, now: number): number {
+    let to = from
+    while (to < this.events.length && this.due![to]! <= now) to++
+    return to
+  }
+
+  private deliver(): void {
+    if (this.delivering) return
+    this.delivering = true
+    try {
+      while (!this.finished && !this.held) {
+        if (this.next >= this.events.length) {
+          this.finished = true
+          this.sink.onEnd()
+          break
+        }
+        const now = this.clock.unsafeCurrentTimeMillis()
+        const to = this.dueBy(this.next, now)
+        if (to === this.next) {
+          this.wake(this.due![to]! - now)
+          break
+        }
+        const batch = this.events.slice(this.next, to)
+        this.next = to
+        this.resumedInside = false
+        if (!this.sink.onEvents(batch) && !this.resumedInside) this.held = true
+      }
+    } catch (defect) {
+      this.abort()
+      this.log.run(Effect.logError("upstream sink callback threw; call aborted", Cause.die(defect)))
+    } finally {
+      this.delivering = false
+    }
+  }
+
+  private readonly tick = (): void => {
+    this.timer = undefined
+    this.pacer = undefined
+    this.deliver()
+  }
+
+  /** Calls `tick` after `wait` ms on the call's clock (once: a pending wake is kept). */
+  private wake(wait: number): void {
+    if (this.timer !== undefined || this.pacer !== undefined) return
+    if (this.clock === liveClock) {
+      this.timer = setTimeout(this.tick, wait)
+      return
+    }
+    const sleep = Effect.zipRight(Effect.sleep(wait), Effect.sync(this.tick))
+    this.pacer = Effect.runFork(Effect.withClock(sleep, this.clock))
+  }
+
+  readonly resume = (): void => {
+    if (this.finished) return
+    if (!this.held) {
+      if (this.delivering) this.resumedInside = true
+      return
+    }
+    this.held = false
+    this.deliver()
+  }
+
+  readonly abort = (): void => {
+    this.finished = true
+    clearTimeout(this.timer)
+    this.timer = undefined
+    const pacer = this.pacer
+    if (pacer !== undefined) {
+      this.pacer = undefined
+      pacer.unsafeInterruptAsFork(FiberId.none)
+    }
+  }
+}
+
+/** `open` for the simulated model: resolves after `first_token_ms` with what is due by then. */
+export const simulateOpen = (
+  request: UpstreamRequest,
+  timing: SimulatedTiming,
+  sink: UpstreamSink
+): Effect.Effect<UpstreamCall> =>
+  Effect.withFiberRuntime((fiber) => {
+    const plan = planChat(request)
+    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+    if (timing.first_token_ms <= 0 && timing.tokens_per_second <= 0) {
+      return Effect.succeed(new SimulatedCall(plan.events, undefined, clock, sink, new DetachedLog(fiber)))
+    }
+    const due = schedule(plan, timing)
+    const start = clock.unsafeCurrentTimeMillis()
+    for (let i = 0; i < due.length; i++) due[i] = due[i]! + start
+    const make = Effect.sync(() => new SimulatedCall(plan.events, due, clock, sink, new DetachedLog(fiber)))
+    const wait = due[0]! - start
+    return wait > 0 ? Effect.zipRight(Effect.sleep(wait), make) : make
+  })
+
 // ---------------------------------------------------------------------------------------------
 // Embeddings
 
@@ -490,6 +631,8 @@ export const makeSimulatedAdapter = (provider: SimulatedProviderConfig): Upstrea
   }
   return {
     chat: (request) => simulateChat(request, timing),
+    complete: (request) => simulateComplete(request, timing),
+    open: (request, sink) => simulateOpen(request, timing, sink),
     embed: (_model, input) =>
       Effect.sync(() => {
         let promptTokens = 0
