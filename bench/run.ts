@@ -34,7 +34,9 @@ const freePort = () =>
 
 const start = (name: string, args: Array<string>, env: Record<string, string>, ready: RegExp) =>
   new Promise<{ child: ChildProcess; match: RegExpMatchArray }>((resolve, reject) => {
-    const child = spawn(process.execPath, ["--import", "tsx", ...args], {
+    // The gateway runs from the compiled build, as in production; helpers run through tsx.
+    const argv = args[0]!.endsWith(".ts") ? ["--import", "tsx", ...args] : args
+    const child = spawn(process.execPath, argv, {
       cwd: root,
       env: { ...process.env, ...env },
       stdio: ["ignore", "pipe", "pipe"]
@@ -154,10 +156,17 @@ const scenarios = [
 const fmt = (n: number, d = 2) => n.toFixed(d)
 
 const main = async () => {
+  await new Promise<void>((resolve, reject) =>
+    spawn("npx", ["tsc", "-p", "tsconfig.build.json"], { cwd: root, stdio: "inherit" }).once("exit", (code) =>
+      code === 0 ? resolve() : reject(new Error(`build failed (${code})`))
+    )
+  )
   const sim = await start("sim", ["src/upstream/simulated/server.ts", "--port", "0"], {}, /listening on (\S+)/)
   const simUrl = sim.match[1]!
   const floor = await start("floor", ["bench/floor-proxy.ts", "--port", "0", "--upstream", simUrl], {}, /listening on (\S+)/)
   const floorUrl = floor.match[1]!
+  const skeleton = await start("effect skeleton", ["bench/effect-skeleton.ts", "--port", "0", "--upstream", simUrl], {}, /listening on (\S+)/)
+  const skeletonUrl = skeleton.match[1]!
   const config = benchConfig(simUrl)
   const rows: Array<string> = []
   const out: Record<string, unknown> = {}
@@ -179,17 +188,22 @@ const main = async () => {
       env.DATABASE_URL = `postgres://root@127.0.0.1:5432/${name}`
       env.REDIS_URL = "redis://127.0.0.1:6379"
     }
-    const gw = await start(`gateway (${mode})`, ["src/main.ts"], env, /API key: (\S+)/)
-    const key = gw.match[1]!
+    // First start creates the database and prints the dev key; the measured process is a restart (steady state).
+    const first = await start(`gateway (${mode}, first start)`, ["dist/main.js"], env, /API key: (\S+)/)
+    const key = first.match[1]!
+    first.child.kill("SIGTERM")
+    await new Promise((r) => first.child.once("exit", r))
+    const gw = await start(`gateway (${mode})`, ["dist/main.js"], env, /ready in/)
     const gwUrl = `http://127.0.0.1:${port}`
     // Warm-up: JIT, pools, caches.
-    for (const target of [simUrl, floorUrl, gwUrl]) {
+    for (const target of [simUrl, floorUrl, skeletonUrl, gwUrl]) {
       await drive(target, target === gwUrl ? key : null, false, 8, 400)
       await drive(target, target === gwUrl ? key : null, true, 8, 400)
     }
     for (const s of scenarios) {
       const direct = await drive(simUrl, null, s.stream, s.concurrency, s.count)
       const viaFloor = await drive(floorUrl, null, s.stream, s.concurrency, s.count)
+      const viaSkeleton = await drive(skeletonUrl, null, s.stream, s.concurrency, s.count)
       const before = procStat(gw.child.pid!)
       const viaGw = await drive(gwUrl, key, s.stream, s.concurrency, s.count)
       const after = procStat(gw.child.pid!)
@@ -197,6 +211,7 @@ const main = async () => {
       const result = {
         direct,
         floor: viaFloor,
+        skeleton: viaSkeleton,
         gateway: viaGw,
         addedP50: viaGw.p50 - direct.p50,
         addedP99: viaGw.p99 - direct.p99,
@@ -211,6 +226,7 @@ const main = async () => {
         s.name,
         fmt(direct.rps, 0),
         fmt(viaFloor.rps, 0),
+        fmt(viaSkeleton.rps, 0),
         fmt(viaGw.rps, 0),
         fmt(viaGw.rps / viaFloor.rps),
         fmt(viaGw.rps / direct.rps),
@@ -228,7 +244,7 @@ const main = async () => {
     await new Promise((r) => gw.child.once("exit", r))
   }
   const header = [
-    "mode", "scenario", "direct rps", "floor rps", "gateway rps", "gw/floor", "gw/direct",
+    "mode", "scenario", "direct rps", "floor rps", "effect skeleton rps", "gateway rps", "gw/floor", "gw/direct",
     "direct p50/p99 ms", "gateway p50/p99 ms", "added p50/p99 ms", "added TTFB p50 ms",
     "gw CPU µs/req", "gw CPU µs/frame", "gw peak RSS MB"
   ]
