@@ -59,7 +59,11 @@ const upstreamsLayer = Upstreams.layerEffect(
 /** In-memory actors persisted to SQL, or Redis when `redis_url` is set. */
 const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings> = Layer.unwrapEffect(
   Effect.map(Live.Settings, ({ config }) =>
-    AdmissionLayer.layerFromConfigWithSql({ abuse: config.abuse, redisUrl: config.redis_url }))
+    AdmissionLayer.layerFromConfigWithSql({
+      abuse: config.abuse,
+      redisUrl: config.redis_url,
+      keyPrefix: config.redis_key_prefix
+    }))
 )
 
 export interface AppOptions {

@@ -133,6 +133,10 @@ export const GatewayConfig = Schema.Struct({
   data_dir: Schema.optionalWith(Schema.String, { default: () => "./data" }),
   database_url: Schema.optional(Schema.Redacted(Schema.String)),
   redis_url: Schema.optional(Schema.Redacted(Schema.String)),
+  /** Prefix of every admission key in Redis (env `WELLSPRING_REDIS_PREFIX`); lets deployments share one Redis. */
+  redis_key_prefix: Schema.optionalWith(Schema.String.pipe(Schema.pattern(/^[A-Za-z0-9:_.\-]{1,64}$/)), {
+    default: () => "ws:q:"
+  }),
   /** Base64 of 32 bytes; enables key reveal and BYOK. Generated into data_dir in embedded mode. */
   encryption_key: Schema.optional(Schema.Redacted(Schema.String)),
   key_prefix: Schema.optionalWith(Schema.String.pipe(Schema.pattern(/^[a-z][a-z0-9-]{1,15}$/)), {
@@ -295,6 +299,7 @@ export const loadConfig = (
   }
   if (env2.WELLSPRING_ENCRYPTION_KEY) doc.encryption_key = env2.WELLSPRING_ENCRYPTION_KEY
   if (env2.WELLSPRING_KEY_PREFIX) doc.key_prefix = env2.WELLSPRING_KEY_PREFIX
+  if (env2.WELLSPRING_REDIS_PREFIX) doc.redis_key_prefix = env2.WELLSPRING_REDIS_PREFIX
   return { config: decodeGatewayConfig(doc, path), path }
 }
 

@@ -130,7 +130,8 @@ local dayF = string.format('%d', day)
 if ARGV[17] == '1' then
   local mask = 0
   if redis.call('HEXISTS', acct, 'v') == 0 then mask = mask + 1 end
-  if cap >= 0 and redis.call('HEXISTS', dailyK, dayF) == 0 then mask = mask + 2 end
+  -- every model's total, capped or not: an uncapped total restarted at 0 would overwrite PostgreSQL's
+  if redis.call('HEXISTS', dailyK, dayF) == 0 then mask = mask + 2 end
   if mask > 0 then return {0, 7, mask, day} end
 end
 local f = redis.call('HMGET', acct, 'ss', 'su', 'wa', 'wu', 'cd')

@@ -18,6 +18,13 @@ export interface GatewayOptions {
   /** Real PostgreSQL instead of embedded PGlite. */
   readonly databaseUrl?: string
   readonly redisUrl?: string
+  /** Prefix of the admission keys in Redis (`WELLSPRING_REDIS_PREFIX`); use one per run (`uniquePrefix`). */
+  readonly redisPrefix?: string
+  /**
+   * Data folder to use (and keep on `stop`) instead of a fresh temporary one: a second gateway started on the
+   * same folder after the first stopped sees the same embedded database (restart tests).
+   */
+  readonly dataDir?: string
   readonly admission?: AppOptions["admission"]
 }
 
@@ -26,7 +33,7 @@ type AppServices = Layer.Layer.Success<ReturnType<typeof appLayer>>
 export interface TestGateway {
   readonly url: string
   readonly port: number
-  /** The dev account's key (printed once at first start). */
+  /** The dev account's key (printed once at first start; empty when the database already had accounts). */
   readonly key: string
   readonly dir: string
   readonly configPath: string
@@ -48,9 +55,10 @@ export const startGateway = async (options: GatewayOptions = {}): Promise<TestGa
     path: configPath,
     env: {
       WELLSPRING_PORT: "0",
-      WELLSPRING_DATA_DIR: Path.join(dir, "data"),
+      WELLSPRING_DATA_DIR: options.dataDir ?? Path.join(dir, "data"),
       ...(options.databaseUrl ? { DATABASE_URL: options.databaseUrl } : {}),
-      ...(options.redisUrl ? { REDIS_URL: options.redisUrl } : {})
+      ...(options.redisUrl ? { REDIS_URL: options.redisUrl } : {}),
+      ...(options.redisPrefix ? { WELLSPRING_REDIS_PREFIX: options.redisPrefix } : {})
     }
   })
   const runtime = ManagedRuntime.make(appLayer(config, path, options.admission ? { admission: options.admission } : {}))
@@ -60,7 +68,7 @@ export const startGateway = async (options: GatewayOptions = {}): Promise<TestGa
   return {
     url: `http://127.0.0.1:${port}`,
     port,
-    key: key!,
+    key: key ?? "",
     dir,
     configPath,
     runtime,
