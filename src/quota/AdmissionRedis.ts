@@ -190,7 +190,8 @@ return {1, now, n + 1, tonumber(o[2]), day, ss or -1, fmt(su), wa or -1, fmt(wu)
 
 /**
  * KEYS: 1 reservation record, 2 account hash, 3 model daily hash, 4 model lease zset.
- * ARGV: 1 now|'', 2 mode (settle | refund | release = refund if pending + drop lease | unlease = drop lease),
+ * ARGV: 1 now|'', 2 mode (settle | settle_release = settle + drop lease | refund | release = refund if pending + drop
+ *       lease | unlease = drop lease),
  *       3 exact weighted, 4 exact raw, 5 lease id.
  * The reservation record is deleted by the first settle/refund, so repeats (retries) change nothing.
  * A delta goes to a window only if it is still the window the reservation went into.
@@ -203,7 +204,7 @@ if mode ~= 'unlease' then
   local r = redis.call('HMGET', KEYS[1], 'r', 'x', 'ss', 'wa', 'd')
   if r[1] then
     local dw, dr
-    if mode == 'settle' then
+    if mode == 'settle' or mode == 'settle_release' then
       dw = tonumber(ARGV[3]) - tonumber(r[1]); dr = tonumber(ARGV[4]) - tonumber(r[2])
     else
       dw = -tonumber(r[1]); dr = -tonumber(r[2])
@@ -217,7 +218,7 @@ if mode ~= 'unlease' then
     applied = 1
   end
 end
-if mode == 'release' or mode == 'unlease' then redis.call('ZREM', KEYS[4], ARGV[5]) end
+if mode == 'release' or mode == 'unlease' or mode == 'settle_release' then redis.call('ZREM', KEYS[4], ARGV[5]) end
 local f = redis.call('HMGET', KEYS[2], 'ss', 'su', 'wa', 'wu')
 return {applied, now, tonumber(f[1]) or -1, f[2] or '0', tonumber(f[3]) or -1, f[4] or '0'}
 `
@@ -616,7 +617,11 @@ export const make = (options: RedisAdmissionOptions) =>
       if (set.size === 0) held.delete(modelId)
     }
 
-    const settleCall = (t: RTicket, mode: "settle" | "refund" | "release" | "unlease", usage: SettleUsage | null) => {
+    const settleCall = (
+      t: RTicket,
+      mode: "settle" | "settle_release" | "refund" | "release" | "unlease",
+      usage: SettleUsage | null
+    ) => {
       const keys = settleKeys(t.input, t.leaseId)
       const tail: Array<Arg> = [
         mode,
@@ -645,8 +650,17 @@ export const make = (options: RedisAdmissionOptions) =>
           ? call("standing", () => redis.wsStanding(key.account(t.input.accountId), nowArg())).pipe(
             Effect.map((r) => standingFrom(plan, num(r[0]), r, 1))
           )
-          : settleCall(t, usage === null ? "refund" : "settle", usage).pipe(
-            Effect.tap(() => Effect.sync(() => touch(t.input.accountId, t.input.model.id, t.day))),
+          // A settle is the end of the request: it frees the in-flight slot in the same round trip.
+          : settleCall(t, usage === null ? "refund" : "settle_release", usage).pipe(
+            Effect.tap(() =>
+              Effect.sync(() => {
+                touch(t.input.accountId, t.input.model.id, t.day)
+                if (usage !== null && t.leased) {
+                  t.leased = false
+                  unhold(t.input.model.id, t.leaseId)
+                }
+              })
+            ),
             Effect.map((r) => standingFrom(plan, num(r[1]), r, 2))
           )
         // uninterruptible (bounded by the command timeout): the outcome must be recorded for later callers
@@ -662,6 +676,7 @@ export const make = (options: RedisAdmissionOptions) =>
       Effect.suspend(() => {
         if (t.byok) return Effect.void
         const pendingOutcome = t.outcome === undefined
+        if (!pendingOutcome && !t.leased) return Effect.void // settled: the slot went with the settle
         if (t.leased) {
           t.leased = false
           unhold(t.input.model.id, t.leaseId)
