@@ -6,7 +6,7 @@ import { LiveCatalog, Settings } from "../config/Live.js"
 import { Catalog, fail, GatewayError } from "../errors/Catalog.js"
 import { inferenceBody, renderInference } from "../errors/Render.js"
 import { currentRequestId, handle, headersOf } from "../http/Respond.js"
-import { Admission, type Standing, type Ticket } from "../quota/Admission.js"
+import { Admission, type AdmitInput, type Standing, type Ticket } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
 import {
   type FinishReason,
@@ -77,6 +77,19 @@ export class Exchange {
       reasoning_tokens: 0,
       cached_tokens: 0
     }
+  }
+
+  /**
+   * Reserves through admission into a scope this exchange owns (closed by `finish`); the request's scope,
+   * which closes after the response is written, is the backstop that finishes it as cancelled.
+   */
+  admit(admission: Admission["Type"], input: AdmitInput) {
+    return Effect.gen(this, function*() {
+      const scope = yield* Scope.make()
+      this.scope = scope
+      yield* Effect.addFinalizer(() => this.finish({ status: "cancelled" }))
+      this.ticket = yield* Scope.extend(admission.admit(input), scope)
+    })
   }
 
   finish(
@@ -417,20 +430,13 @@ export const chatCompletions = HttpRouter.post(
         const plan = settings.planFor(caller.account.plan)
         exchange.provider = m.route.provider
 
-        const scope = yield* Scope.make()
-        exchange.scope = scope
-        // Backstop: the request scope closes after the response is written, whatever happened.
-        yield* Effect.addFinalizer(() => exchange.finish({ status: "cancelled" }))
-        exchange.ticket = yield* Scope.extend(
-          admission.admit({
-            accountId: caller.account.id,
-            plan,
-            model: m,
-            estimatedInputTokens: exchange.estimatedInput,
-            byok: false
-          }),
-          scope
-        )
+        yield* exchange.admit(admission, {
+          accountId: caller.account.id,
+          plan,
+          model: m,
+          estimatedInputTokens: exchange.estimatedInput,
+          byok: false
+        })
         const adapter = yield* upstreams.get(m.route.provider).pipe(Effect.mapError(upstreamFailure))
         const upstreamReq = upstreamRequest(req, m, maxTokens, exchange.stream)
         return exchange.stream
@@ -438,15 +444,7 @@ export const chatCompletions = HttpRouter.post(
           : yield* complete(exchange, plan, adapter.complete(upstreamReq))
       })
 
-      return yield* run.pipe(
-        // A defect is rendered as a 500 internal_error by `handle`: its row says so (not "cancelled").
-        Effect.tapErrorCause((cause) => {
-          const error = failureOf(cause)
-          return error ? exchange.finish({ status: "error", error }) : Effect.void
-        }),
-        Effect.onInterrupt(() => exchange.finish({ status: "cancelled" })),
-        Effect.catchAll((error) => Effect.succeed(renderWithRow(error, exchange.rowId)))
-      )
+      return yield* finishing(exchange, run)
     })
 
     return yield* handle(renderInference, pipeline)
@@ -455,5 +453,23 @@ export const chatCompletions = HttpRouter.post(
 
 const renderWithRow = (error: GatewayError, rowId: number) =>
   HttpServerResponse.setHeader(renderInference(error), "x-request-id", String(rowId))
+
+/**
+ * Runs a request's work so that its exchange always finishes: an error (or a defect, rendered by `handle`
+ * as 500 internal_error) finishes it as an error, an interruption as cancelled. Errors are rendered with the
+ * request row id.
+ */
+export const finishing = <R>(
+  exchange: Exchange,
+  run: Effect.Effect<HttpServerResponse.HttpServerResponse, GatewayError, R>
+) =>
+  run.pipe(
+    Effect.tapErrorCause((cause) => {
+      const error = failureOf(cause)
+      return error ? exchange.finish({ status: "error", error }) : Effect.void
+    }),
+    Effect.onInterrupt(() => exchange.finish({ status: "cancelled" })),
+    Effect.catchAll((error) => Effect.succeed(renderWithRow(error, exchange.rowId)))
+  )
 
 export { inferenceBody }

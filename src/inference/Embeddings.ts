@@ -1,5 +1,5 @@
 import { HttpRouter, HttpServerRequest } from "@effect/platform"
-import { Effect, Either, FiberRef, Schema, Scope } from "effect"
+import { Effect, Either, FiberRef, Schema } from "effect"
 import { Auth } from "../auth/Auth.js"
 import { LiveCatalog, Settings } from "../config/Live.js"
 import { fail } from "../errors/Catalog.js"
@@ -8,7 +8,7 @@ import { currentRequestId, handle, headersOf, json } from "../http/Respond.js"
 import { Admission } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
 import { Upstreams } from "../upstream/Upstream.js"
-import { Exchange, parseBody, upstreamFailure } from "./Chat.js"
+import { Exchange, finishing, parseBody, upstreamFailure } from "./Chat.js"
 import { exceedsLimit } from "./Tokens.js"
 
 /** Output dimension fixed by the spec. */
@@ -59,19 +59,13 @@ export const embeddings = HttpRouter.post(
           if (exceeds) return yield* Effect.fail(fail("input_too_long"))
           exchange.estimatedInput = tokens
           exchange.provider = model.route.provider
-          const scope = yield* Scope.make()
-          exchange.scope = scope
-          yield* Effect.addFinalizer(() => exchange.finish({ status: "cancelled" }))
-          exchange.ticket = yield* Scope.extend(
-            admission.admit({
-              accountId: caller.account.id,
-              plan: settings.planFor(caller.account.plan),
-              model,
-              estimatedInputTokens: tokens,
-              byok: false
-            }),
-            scope
-          )
+          yield* exchange.admit(admission, {
+            accountId: caller.account.id,
+            plan: settings.planFor(caller.account.plan),
+            model,
+            estimatedInputTokens: tokens,
+            byok: false
+          })
           const adapter = yield* upstreams.get(model.route.provider).pipe(Effect.mapError(upstreamFailure))
           const result = yield* adapter.embed(model.route.model, inputs).pipe(Effect.mapError(upstreamFailure))
           exchange.usage = { prompt_tokens: result.prompt_tokens, completion_tokens: 0, reasoning_tokens: 0, cached_tokens: 0 }
@@ -84,10 +78,7 @@ export const embeddings = HttpRouter.post(
             usage: { prompt_tokens: result.prompt_tokens, total_tokens: result.prompt_tokens }
           }, 200, { "x-request-id": String(exchange.rowId) })
         })
-        return yield* run.pipe(
-          Effect.tapError((error) => exchange.finish({ status: "error", error })),
-          Effect.onInterrupt(() => exchange.finish({ status: "cancelled" }))
-        )
+        return yield* finishing(exchange, run)
       })
     )
   })
