@@ -23,6 +23,8 @@ const MODES = arg("modes", "embedded,redis").split(",")
 const root = Path.resolve(import.meta.dirname, "..")
 const tmp = Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-bench-"))
 const children: Array<ChildProcess> = []
+/** The heap bound of `npm run serve` (see README, Production mode). */
+const SERVE_NODE_FLAGS = [`--max-old-space-size=${process.env.WELLSPRING_HEAP_MB ?? 160}`]
 
 const freePort = () =>
   new Promise<number>((resolve) => {
@@ -35,7 +37,7 @@ const freePort = () =>
 const start = (name: string, args: Array<string>, env: Record<string, string>, ready: RegExp) =>
   new Promise<{ child: ChildProcess; match: RegExpMatchArray }>((resolve, reject) => {
     // The gateway runs from the compiled build, as in production; helpers run through tsx.
-    const argv = args[0]!.endsWith(".ts") ? ["--import", "tsx", ...args] : args
+    const argv = args[0]!.endsWith(".ts") ? ["--import", "tsx", ...args] : [...SERVE_NODE_FLAGS, ...args]
     const child = spawn(process.execPath, argv, {
       cwd: root,
       env: { ...process.env, ...env },
