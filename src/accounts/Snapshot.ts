@@ -5,6 +5,7 @@ import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
 import { type ModelShare, usageByModel, WEEK_MS, windowStart } from "../inference/IdentityRoutes.js"
 import { Admission, type PoolStanding } from "../quota/Admission.js"
+import { DAY_MS, round2 } from "../quota/Policy.js"
 import type { AccountRow } from "./AccountsRepo.js"
 
 /**
@@ -15,12 +16,10 @@ export const COMMUNITY = "community"
 const COMMUNITY_ID = `${COMMUNITY}Id` as const
 const COMMUNITY_TYPE = `${COMMUNITY}Type` as const
 
-const DAY_MS = 86_400_000
 /** Rows of `recentRequests`. */
 export const RECENT_REQUESTS = 20
 
 const iso = (d: Date | null): string | null => (d === null ? null : d.toISOString())
-const round2 = (x: number): number => Math.round(x * 100) / 100
 
 /**
  * The 403 of `GET /api/user/me` (bare `{error}`): a legacy account that still has to migrate.

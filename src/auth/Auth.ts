@@ -52,6 +52,15 @@ export const make = Effect.gen(function*() {
   const pg = yield* Effect.serviceOption(PgClient.PgClient)
   const { config } = settings
   const cache = new Map<string, CacheEntry>()
+  /** Inserts since the last sweep of expired entries (unknown keys would otherwise stay cached forever). */
+  let inserts = 0
+  const remember = (hash: string, entry: CacheEntry, now: number) => {
+    cache.set(hash, entry)
+    if (++inserts >= 1024 && inserts >= cache.size) {
+      inserts = 0
+      for (const [h, e] of cache) if (e.expiresAt <= now) cache.delete(h)
+    }
+  }
   const lastTouch = new Map<number, number>()
   let pendingTouches: Array<{ keyId: number; at: Date }> = []
 
@@ -89,7 +98,12 @@ export const make = Effect.gen(function*() {
     pendingTouches = []
     return repo.touchKeys(batch)
   })
-  yield* flushTouches.pipe(Effect.repeat(Schedule.spaced(Duration.seconds(5))), Effect.forkScoped)
+  // A failed write (database briefly down) must not end the loop: later stamps would never be written.
+  yield* flushTouches.pipe(
+    Effect.catchAllCause((cause) => Effect.logWarning("key last-used stamps not written", cause)),
+    Effect.repeat(Schedule.spaced(Duration.seconds(5))),
+    Effect.forkScoped
+  )
   yield* Effect.addFinalizer(() => flushTouches)
 
   const touch = (key: KeyRow, now: number) => {
@@ -112,7 +126,7 @@ export const make = Effect.gen(function*() {
       }
       return repo.findActiveKeyByHash(hash).pipe(Effect.flatMap((found) => {
         const caller: Caller | null = found ? { account: found.account, key: found.key } : null
-        cache.set(hash, { caller, expiresAt: now + (caller ? POSITIVE_TTL_MS : NEGATIVE_TTL_MS) })
+        remember(hash, { caller, expiresAt: now + (caller ? POSITIVE_TTL_MS : NEGATIVE_TTL_MS) }, now)
         if (caller === null) return Effect.fail(fail("invalid_api_key"))
         touch(caller.key!, now)
         return Effect.succeed(caller)
@@ -120,12 +134,15 @@ export const make = Effect.gen(function*() {
     }))
   }
 
+  const lock = config.access.region_lock
+  const countryHeader = lock.header.toLowerCase()
+  const allowedCountries = new Set(lock.allowed_countries.map((c) => c.toUpperCase()))
+
   const gate = (caller: Caller, headers: Readonly<Record<string, string | undefined>>) =>
     Clock.currentTimeMillis.pipe(Effect.flatMap((now) => {
-      const lock = config.access.region_lock
       if (lock.enabled) {
-        const country = headers[lock.header.toLowerCase()]?.toUpperCase()
-        if (!country || !lock.allowed_countries.some((c) => c.toUpperCase() === country)) {
+        const country = headers[countryHeader]?.toUpperCase()
+        if (!country || !allowedCountries.has(country)) {
           return Effect.fail(fail("geo_restricted"))
         }
       }

@@ -107,7 +107,12 @@ export class Exchange {
         : delivered
         ? ticket.settle({ inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens })
         : Effect.as(ticket.refund, null)
-      return settle.pipe(
+      const error = outcome.error
+      // The row's `error` is shown to the account (`recentRequests`): a server-side failure records its code and
+      // status only; its detail (upstream answer text, addresses) goes to the log, as `detail` is meant to.
+      const serverSide = error !== undefined && error.status >= 500 && error.detail !== undefined
+      return (serverSide ? Effect.logWarning("request failed", error.detail) : Effect.void).pipe(
+        Effect.zipRight(settle),
         Effect.tap((settled) => {
           const duration = Math.max(0, Math.round(performance.now() - this.startedAt))
           const generating = duration - (this.ttfbMs ?? 0)
@@ -135,7 +140,11 @@ export class Exchange {
             byok: false,
             provider: this.provider,
             fell_back: false,
-            error: outcome.error ? (outcome.error.detail ?? outcome.error.userMessage).slice(0, 500) : null,
+            error: error === undefined
+              ? null
+              : serverSide
+              ? `${Catalog[error.code].wire ?? error.code} (${error.status})`
+              : (error.detail ?? error.userMessage).slice(0, 500),
             created_at: this.createdAt
           })
         }),
@@ -150,7 +159,8 @@ const failureOf = (cause: Cause.Cause<GatewayError>): GatewayError | null => {
   const failure = Cause.failureOption(cause)
   if (Option.isSome(failure)) return failure.value
   if (Cause.isInterruptedOnly(cause)) return null
-  return fail("internal_error", { detail: Cause.pretty(cause).slice(0, 500) })
+  // The defect itself is logged by `handle`; the row records the code only.
+  return fail("internal_error")
 }
 
 const toolChoiceLabel = (choice: ChatRequest["tool_choice"]): string | null =>

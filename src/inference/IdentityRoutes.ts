@@ -6,6 +6,8 @@ import { Settings } from "../config/Live.js"
 import { renderInference } from "../errors/Render.js"
 import { handle, json } from "../http/Respond.js"
 import { Admission, type PoolStanding } from "../quota/Admission.js"
+import { WEEK_MS } from "../quota/Policy.js"
+import { poolView } from "./Receipt.js"
 
 /** GET /v1/me: an explicit whitelist; the email address never leaves. */
 export const me = HttpRouter.get(
@@ -72,7 +74,7 @@ export const windowStart = (pool: PoolStanding, lengthMs: number): number | null
   return start === null ? null : start - WINDOW_SLACK_MS
 }
 
-export const WEEK_MS = 7 * 24 * 3600 * 1000
+export { WEEK_MS }
 
 /** GET /v1/usage: percentages only. */
 export const usage = HttpRouter.get(
@@ -91,10 +93,7 @@ export const usage = HttpRouter.get(
         const standing = yield* admission.standing(account.id, plan)
         const bucket = (pool: PoolStanding, lengthMs: number) =>
           usageByModel(account.id, windowStart(pool, lengthMs)).pipe(Effect.map((rows) => ({
-            used_pct: pool.used_pct,
-            remaining_pct: pool.remaining_pct,
-            resets_at: pool.resets_at === null ? null : new Date(pool.resets_at).toISOString(),
-            resets_in_seconds: pool.resets_in_seconds,
+            ...poolView(pool),
             by_model: rows.map(({ model_id, pct_of_total, request_count }) => ({ model_id, request_count, pct_of_total }))
           })))
         const [session, weekly] = yield* Effect.all([

@@ -1,7 +1,6 @@
 import type { PlanConfig } from "../config/GatewayConfig.js"
 import type { PoolStanding, RpmStanding, Standing } from "../quota/Admission.js"
-
-const round2 = (n: number) => Math.round(n * 100) / 100
+import { round2 } from "../quota/Policy.js"
 
 export const poolView = (pool: PoolStanding, requestWeighted?: number) => ({
   used_pct: pool.used_pct,
