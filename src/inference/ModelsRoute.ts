@@ -2,7 +2,7 @@ import { HttpRouter, HttpServerRequest } from "@effect/platform"
 import { Effect } from "effect"
 import { Auth } from "../auth/Auth.js"
 import type { ModelConfig } from "../config/GatewayConfig.js"
-import { LiveCatalog } from "../config/Live.js"
+import { type CatalogView, LiveCatalog } from "../config/Live.js"
 import { renderInference } from "../errors/Render.js"
 import { handle, json } from "../http/Respond.js"
 
@@ -21,6 +21,15 @@ export const modelEntry = (m: ModelConfig) => ({
   rate_limit_rpm: m.rate_limit_rpm
 })
 
+/** The list body, built once per catalog version. */
+let cached: { readonly version: number; readonly body: unknown } | null = null
+const listFor = (view: CatalogView) => {
+  if (cached?.version !== view.version) {
+    cached = { version: view.version, body: { object: "list", data: view.listed.map(modelEntry) } }
+  }
+  return cached.body
+}
+
 export const listModels = HttpRouter.get(
   "/v1/models",
   Effect.gen(function*() {
@@ -30,7 +39,7 @@ export const listModels = HttpRouter.get(
     return yield* handle(
       renderInference,
       auth.authenticateKey(request.headers.authorization).pipe(
-        Effect.map(() => json({ object: "list", data: catalog.current().listed.map(modelEntry) }))
+        Effect.map(() => json(listFor(catalog.current())))
       )
     )
   })

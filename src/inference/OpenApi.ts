@@ -1,6 +1,5 @@
-import { HttpApi, HttpApiEndpoint, HttpApiGroup, HttpRouter, OpenApi, OpenApiJsonSchema } from "@effect/platform"
+import { HttpApi, HttpApiEndpoint, HttpApiGroup, HttpRouter, HttpServerResponse, OpenApi, OpenApiJsonSchema } from "@effect/platform"
 import { Effect, Schema } from "effect"
-import { json } from "../http/Respond.js"
 import { ChatRequest, ToolCall } from "./ChatRequest.js"
 
 // Response schemas document the wire format; requests reuse the schemas that validate them.
@@ -174,4 +173,9 @@ const finalize = (generated: OpenApi.OpenAPISpec): OpenApi.OpenAPISpec => {
 
 export const spec = finalize(OpenApi.fromApi(InferenceApi))
 
-export const openApiRoute = HttpRouter.get("/v1/openapi.json", Effect.sync(() => json(spec)))
+const specText = JSON.stringify(spec)
+
+export const openApiRoute = HttpRouter.get(
+  "/v1/openapi.json",
+  Effect.sync(() => HttpServerResponse.text(specText, { contentType: "application/json" }))
+)

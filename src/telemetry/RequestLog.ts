@@ -91,10 +91,13 @@ export const make = Effect.gen(function*() {
   const flushOnce = Effect.suspend(() => {
     if (buffer.length === 0) return Effect.void
     const rows = buffer.splice(0, batch_size)
-    const putBack = Effect.sync(() => {
-      // Keep the rows for the next attempt.
+    const putBack = Effect.suspend(() => {
+      // Keep the rows for the next attempt; past the bound the oldest go, and the log says how many.
       buffer = rows.concat(buffer)
-      if (buffer.length > MAX_BUFFER) buffer.splice(0, buffer.length - MAX_BUFFER)
+      const over = buffer.length - MAX_BUFFER
+      if (over <= 0) return Effect.void
+      buffer.splice(0, over)
+      return Effect.logError(`request rows dropped: ${over} (database unreachable, buffer full)`)
     })
     return writeBatch(rows).pipe(
       Effect.onInterrupt(() => putBack),
