@@ -357,7 +357,11 @@ const streamed = (
       {
         frames: framing.frames,
         end: framing.end,
-        failed: (error) => exchange.finish({ status: "error", error: upstreamFailure(error) }).pipe(Effect.asVoid),
+        failed: (error) =>
+          Effect.suspend(() => {
+            if (error.usage) exchange.usage = error.usage
+            return exchange.finish({ status: "error", error: upstreamFailure(error) })
+          }).pipe(Effect.asVoid),
         cancelled: exchange.finish({ status: "cancelled" }).pipe(Effect.asVoid)
       }
     )

@@ -88,6 +88,8 @@ export class UpstreamError extends Data.TaggedError("UpstreamError")<{
   readonly kind: "connect" | "timeout" | "rate_limited" | "status" | "protocol"
   readonly status?: number
   readonly detail: string
+  /** Usage the upstream had reported before the failure (a stream cut after its usage chunk). */
+  readonly usage?: Usage
 }> {}
 
 /**

@@ -192,6 +192,22 @@ describe("chat failures", () => {
       expect(adm.stats.settled.at(-1)).toBeGreaterThan(0)
     })
 
+    it("a stream cut after the upstream reported usage is charged that usage, not an estimate", async () => {
+      mock.script(Behaviour.dropAfter([
+        Chunks.role(),
+        Chunks.content("partial answer"),
+        Chunks.finish("stop"),
+        Chunks.usage({ prompt: 321, completion: 45 })
+      ]))
+      const res = await postChat(gw, { model: "ws-mock", messages: hi, stream: true })
+      const rowId = rowIdOf(res)
+      await expectCutStream(res)
+      const row = await rowById(gw, rowId)
+      expect(row).toMatchObject({ status: "error", input_tokens: 321, output_tokens: 45 })
+      // weights of ws-mock: input 1, output 2
+      expect(adm.stats.settled.at(-1)).toBe(321 * 1 + 45 * 2)
+    })
+
     it("upstream goes idle longer than idle_ms mid-stream: no [DONE], row upstream_timeout, upstream socket closed", async () => {
       mock.script(Behaviour.hangAfter([Chunks.role(), Chunks.content("partial")]))
       const aborts = mock.clientAborts()

@@ -308,7 +308,11 @@ abstract class CallBase implements Dispatcher.DispatchHandler {
   protected fail(error: UpstreamError): void {
     if (this.done) return
     this.done = true
-    this.failure = error
+    const usage = this.normalizer.usage
+    // Usage reported before the failure is still the truth for charging what was delivered.
+    this.failure = usage === undefined || error.usage !== undefined
+      ? error
+      : new UpstreamError({ ...error, usage })
     this.body = undefined
     this.stopWatchdog()
     if (!this.ended) this.controller?.abort(ABORTED)

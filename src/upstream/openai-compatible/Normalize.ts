@@ -403,7 +403,8 @@ export class ChatNormalizer {
   lastSkipped = ""
   private answering = false
   private finish: FinishReason | undefined = undefined
-  private usage: Usage | undefined = undefined
+  /** The upstream's usage figures, once reported. */
+  usage: Usage | undefined = undefined
   private tools: Map<number, ToolState> | undefined = undefined
   private toolCount = 0
   private lastTool: ToolState | undefined = undefined
