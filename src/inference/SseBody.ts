@@ -1,19 +1,39 @@
-import { Duration, Effect, Runtime, Scope } from "effect"
+import { Clock, Context, DefaultServices, Duration, Effect, Runtime, Scope } from "effect"
 import { Readable } from "node:stream"
 import type { UpstreamCall, UpstreamError, UpstreamEvent, UpstreamSink } from "../upstream/Upstream.js"
 
 export const PING_INTERVAL = Duration.seconds(8)
 export const PING_FRAME = ": ping\n\n"
 
+const liveClock = Context.get(DefaultServices.liveServices, Clock.Clock)
+
 /**
  * Calls `ping` whenever `touch` has not been called for `idle`, on the Effect clock (TestClock drives it).
- * The timer fiber lives in `scope`; one per stream, nothing per chunk but a clock read.
+ * On the live clock it is one plain re-armed timer; on any other clock a fiber in `scope`. Either way it stops
+ * when `scope` closes, and costs nothing per chunk but a clock read.
  */
 export const idlePinger = (idle: Duration.DurationInput, ping: () => void, scope: Scope.Scope) =>
   Effect.gen(function*() {
     const clock = yield* Effect.clock
     const idleMs = Duration.toMillis(idle)
     let last = clock.unsafeCurrentTimeMillis()
+    const touch = () => void (last = clock.unsafeCurrentTimeMillis())
+    if (clock === liveClock) {
+      let timer: ReturnType<typeof setTimeout> | undefined
+      const arm = (wait: number) => {
+        timer = setTimeout(() => {
+          const left = last + idleMs - Date.now()
+          if (left > 0) return arm(left)
+          ping()
+          last = Date.now()
+          arm(idleMs)
+        }, wait)
+        timer.unref()
+      }
+      arm(idleMs)
+      yield* Scope.addFinalizer(scope, Effect.sync(() => clearTimeout(timer)))
+      return { touch }
+    }
     const tick = Effect.suspend(() => {
       const wait = last + idleMs - clock.unsafeCurrentTimeMillis()
       if (wait > 0) return Effect.sleep(Duration.millis(wait))
@@ -23,7 +43,7 @@ export const idlePinger = (idle: Duration.DurationInput, ping: () => void, scope
       })
     })
     yield* Effect.forkIn(Effect.forever(tick), scope)
-    return { touch: () => void (last = clock.unsafeCurrentTimeMillis()) }
+    return { touch }
   })
 
 export interface SseHandlers {

@@ -2,6 +2,7 @@
  * Event 5 (`: ping` after 8 s idle) and the SSE body fed by an upstream call, driven by TestClock only.
  */
 import { describe, expect, it } from "@effect/vitest"
+import { afterEach, vi } from "vitest"
 import { Duration, Effect, Exit, Scope, TestClock } from "effect"
 import type { Readable } from "node:stream"
 import { idlePinger, PING_FRAME, PING_INTERVAL, sseBody } from "../../src/inference/SseBody.js"
@@ -85,6 +86,30 @@ describe("idle pinger", () => {
       expect(pings).toBe(1)
       yield* Scope.close(scope, Exit.void)
     }))
+})
+
+describe("idle pinger on the live clock (a plain timer, driven here by fake timers)", () => {
+  afterEach(() => void vi.useRealTimers())
+
+  it("pings after 8 s without a touch, restarts on touch, stops when the scope closes", () => {
+    vi.useFakeTimers()
+    const scope = Effect.runSync(Scope.make())
+    let pings = 0
+    const { touch } = Effect.runSync(idlePinger(PING_INTERVAL, () => void pings++, scope))
+    vi.advanceTimersByTime(7_999)
+    expect(pings).toBe(0)
+    vi.advanceTimersByTime(1)
+    expect(pings).toBe(1)
+    vi.advanceTimersByTime(5_000)
+    touch() // t = 13 s: the next ping is due at 21 s, not 16 s
+    vi.advanceTimersByTime(7_999)
+    expect(pings).toBe(1)
+    vi.advanceTimersByTime(1)
+    expect(pings).toBe(2)
+    Effect.runSync(Scope.close(scope, Exit.void))
+    vi.advanceTimersByTime(60_000)
+    expect(pings).toBe(2)
+  })
 })
 
 describe("SSE body", () => {
