@@ -126,6 +126,42 @@ export const Catalog = Schema.Struct({
 )
 export type Catalog = typeof Catalog.Type
 
+/**
+ * Bounds on what a client may send; every one is checked before the input costs CPU, memory or a write.
+ * Defaults are listed in the README's limits table.
+ */
+export const LimitsConfig = Schema.Struct({
+  /** Largest request body, enforced while reading (413 before the whole body arrives). */
+  body_bytes: Schema.optionalWith(PositiveInt, { default: () => 4 * 1024 * 1024 }),
+  /** Deepest JSON nesting of a body (objects and arrays). */
+  json_depth: Schema.optionalWith(PositiveInt, { default: () => 64 }),
+  /** Messages per chat request. */
+  messages: Schema.optionalWith(PositiveInt, { default: () => 1024 }),
+  /** Characters of one text (a message content, text part, reasoning, tool arguments). */
+  text_chars: Schema.optionalWith(PositiveInt, { default: () => 1024 * 1024 }),
+  /** Characters of one `image_url.url` (data: URIs included). */
+  image_url_chars: Schema.optionalWith(PositiveInt, { default: () => 2 * 1024 * 1024 }),
+  /** Nesting depth of a tool's `parameters` JSON Schema. */
+  tool_schema_depth: Schema.optionalWith(PositiveInt, { default: () => 16 }),
+  /** Serialized size of one tool definition. */
+  tool_schema_bytes: Schema.optionalWith(PositiveInt, { default: () => 64 * 1024 }),
+  /** Inputs of one embeddings request. */
+  embedding_inputs: Schema.optionalWith(PositiveInt, { default: () => 256 }),
+  /** Failed requests (4xx of the client's own making) per key per minute before 429 without parsing. */
+  failed_requests_per_minute: Schema.optionalWith(PositiveInt, { default: () => 60 }),
+  /** `GET /api/user/me` per account per minute. */
+  snapshot_per_minute: Schema.optionalWith(PositiveInt, { default: () => 60 }),
+  /** Open connections per listener; beyond it new connections are refused. */
+  connections: Schema.optionalWith(PositiveInt, { default: () => 4096 }),
+  /** Time to receive the request headers. */
+  headers_timeout_seconds: Schema.optionalWith(PositiveInt, { default: () => 15 }),
+  /** Time to receive the whole request (headers and body). */
+  body_timeout_seconds: Schema.optionalWith(PositiveInt, { default: () => 30 }),
+  /** Idle time of a kept-alive connection between requests. */
+  keep_alive_seconds: Schema.optionalWith(PositiveInt, { default: () => 65 })
+})
+export type LimitsConfig = typeof LimitsConfig.Type
+
 export const GatewayConfig = Schema.Struct({
   listeners: Schema.optionalWith(Schema.NonEmptyArray(Listener), {
     default: () => [{ host: "127.0.0.1", port: 8080, origins: ["inference", "account", "status"] as const }]
@@ -155,6 +191,14 @@ export const GatewayConfig = Schema.Struct({
     { default: () => ({ batch_size: 500, flush_ms: 200 }) }
   ),
   shutdown_grace_seconds: Schema.optionalWith(NonNegative, { default: () => 20 }),
+  limits: Schema.optionalWith(LimitsConfig, { default: () => LimitsConfig.make({}) }),
+  /**
+   * Origins (scheme://host[:port]) besides the request's own host from which cookie-authenticated
+   * mutations of the account API are accepted (a dashboard served from another origin).
+   */
+  dashboard_origins: Schema.optionalWith(Schema.Array(Schema.String.pipe(Schema.pattern(/^https?:\/\/[^/\s]+$/))), {
+    default: () => []
+  }),
   dev_account: Schema.optionalWith(Schema.Boolean, { default: () => true }),
   catalog: Catalog
 }).pipe(

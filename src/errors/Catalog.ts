@@ -43,6 +43,14 @@ const raw = {
   invalid_reasoning_effort: entry(400, "invalid_request_error", "이 모델에서 허용되지 않는 reasoning_effort 값입니다."),
   tools_not_supported: entry(400, "invalid_request_error", "이 모델은 도구 호출(tools)을 지원하지 않습니다."),
   images_not_supported: entry(400, "invalid_request_error", "이 모델은 이미지 입력을 지원하지 않습니다."),
+  payload_too_large: entry(413, "invalid_request_error", "요청 본문이 너무 큽니다."),
+  unsupported_content_type: entry(415, "invalid_request_error", "요청 본문은 application/json 이어야 합니다."),
+  cross_site_request: entry(403, "access_denied", "다른 사이트에서 보낸 요청은 허용되지 않습니다."),
+  too_many_failed_requests: entry(
+    429,
+    "rate_limit_error",
+    "잘못된 요청이 너무 많습니다. 요청 형식을 확인한 뒤 잠시 후 다시 시도하세요."
+  ),
   // auth
   invalid_api_key: entry(401, "invalid_request_error", "API 키가 없거나 올바르지 않거나 폐기되었습니다."),
   unauthorized: entry(401, "invalid_request_error", "로그인 세션 또는 API 키가 필요합니다.", null),
