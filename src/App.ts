@@ -6,6 +6,7 @@ import * as AccountsRepo from "./accounts/AccountsRepo.js"
 import * as Auth from "./auth/Auth.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
+import * as FailedRequests from "./http/FailedRequests.js"
 import * as Server from "./http/Server.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
@@ -31,10 +32,11 @@ export const accountRouter: HttpRouter.HttpRouter<unknown, Layer.Layer.Success<R
   accountRoutes
 export const statusRouter = HttpRouter.empty
 
-/** Creates the dev account and prints its key, only when the database has no account yet. */
-export const bootstrapDevAccount = Effect.gen(function*() {
-  const settings = yield* Live.Settings
-  if (!settings.config.dev_account) return null
+/**
+ * Creates the admin dev account `dev` when the database has no account yet, and returns its key (null when
+ * accounts exist). Used by `bootstrapDevAccount` in embedded mode, and by tests that want a key on any database.
+ */
+export const ensureDevAccount = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
   const repo = yield* AccountsRepo.AccountsRepo
   const [{ n }] = (yield* Effect.orDie(sql<{ n: number }>`SELECT count(*)::int AS n FROM accounts`)) as unknown as [
@@ -50,6 +52,17 @@ export const bootstrapDevAccount = Effect.gen(function*() {
   })
   const { key } = yield* repo.createKey(account.id, "dev")
   return key
+})
+
+/**
+ * First start in embedded mode (with `dev_account`): creates the dev account; main prints its key once.
+ * Production (DATABASE_URL) never does: an admin key printed to a server log is a credential in the log;
+ * accounts there come from the operator CLI.
+ */
+export const bootstrapDevAccount = Effect.gen(function*() {
+  const settings = yield* Live.Settings
+  if (!settings.embedded || !settings.config.dev_account) return null
+  return yield* ensureDevAccount
 })
 
 const upstreamsLayer = Upstreams.layerEffect(
@@ -79,6 +92,7 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     Layer.provide(Auth.layer, Layer.provideMerge(AccountsRepo.layer, base)),
     AccountsRepo.layer,
     RequestLog.layer,
+    FailedRequests.layer,
     upstreamsLayer,
     admission
   )

@@ -377,16 +377,17 @@ const expectsValue = (tokens: ReadonlyArray<string>): boolean => {
 const storage = (config: GatewayConfig, path: string) => {
   const settings = Layer.succeed(Settings, makeSettings(config, path))
   const owner = config.database_url ? null : EmbeddedLock.currentOwner(config.data_dir)
-  if (owner && owner.port === null) {
+  if (owner && owner.socket === null) {
     throw new CliFailure(`the gateway (process ${owner.pid}) is still opening ${config.data_dir}; try again`)
   }
-  // Embedded mode with a running gateway: attach to its pglite-socket instead of opening the folder twice.
+  // Embedded mode with a running gateway: attach to its pglite-socket (a Unix socket in the private data
+  // folder) instead of opening the folder twice.
   const sql = owner
     ? Layer.provideMerge(
       Layer.effectDiscard(Effect.orDie(Sql.runMigrations)),
-      Sql.layerLoopback(owner.port!).pipe(Layer.mapError((cause) =>
+      Sql.layerSocket(owner.socket!).pipe(Layer.mapError((cause) =>
         new Sql.StoreError({
-          message: `cannot reach the running gateway's embedded database (process ${owner.pid}, port ${owner.port}): ${
+          message: `cannot reach the running gateway's embedded database (process ${owner.pid}, socket ${owner.socket}): ${
             Sql.rootMessage(cause)
           }`,
           cause
@@ -477,6 +478,8 @@ export const run = async (
 
 const isMain = process.argv[1] !== undefined && Url.pathToFileURL(process.argv[1]).href === import.meta.url
 if (isMain) {
+  // Everything the CLI creates (an embedded data folder opened without a gateway, its key file) is owner-only.
+  process.umask(0o077)
   run(process.argv.slice(2)).then(
     (code) => process.exit(code),
     (error) => {

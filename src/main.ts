@@ -4,6 +4,9 @@ import { appLayer, bootstrapDevAccount } from "./App.js"
 import { ConfigLoadError, loadConfig, parseFlags } from "./config/GatewayConfig.js"
 import { BoundListeners } from "./http/Server.js"
 
+// Everything the gateway creates (data folder, database files, key file, socket) is owner-only.
+process.umask(0o077)
+
 const boot = () => {
   try {
     return loadConfig({ flags: parseFlags(process.argv.slice(2)) })

@@ -5,16 +5,21 @@
  * - wrapped (`{success, data}`; errors `{success: false, error: {message, type, code?}}`): keys, rotate, sfw;
  * - bare (`GET /api/user/me`, metrics, requests; errors in the inference envelope `{error: {message, type, code?}}`),
  *   except the legacy 403 of `GET /api/user/me`, which is a bare `{error: "<string>"}`.
+ *
+ * Cookie-authenticated mutations are refused unless same-origin and JSON (SameOrigin.ts), inside
+ * `authenticateAccount`, which every route runs first.
  */
 import { HttpRouter, HttpServerRequest } from "@effect/platform"
 import { Effect } from "effect"
 import { Auth } from "../auth/Auth.js"
+import { Settings } from "../config/Live.js"
 import type { GatewayError } from "../errors/Catalog.js"
 import { renderAccount, renderBare, renderInference } from "../errors/Render.js"
 import { handle, json } from "../http/Respond.js"
+import { readText } from "../http/Body.js"
 import { AccountsRepo } from "./AccountsRepo.js"
 import { createKey, deleteKey, listKeys, revealKey, rotateKey } from "./Keys.js"
-import { enforce, READ_LIMIT } from "./Limits.js"
+import { enforce, READ_LIMIT, snapshotLimit } from "./Limits.js"
 import { metrics, parseLimit, parseModel, parseRange, recentRequests } from "./Metrics.js"
 import { authenticateAccount } from "./SessionAuth.js"
 import { snapshot } from "./Snapshot.js"
@@ -24,9 +29,12 @@ const query = (request: HttpServerRequest.HttpServerRequest): URLSearchParams =>
   return new URLSearchParams(i < 0 ? "" : request.url.slice(i + 1))
 }
 
-/** The body as JSON, or undefined when absent or malformed (these endpoints never reject a body). */
-const lenientJson = (request: HttpServerRequest.HttpServerRequest): Effect.Effect<unknown> =>
-  request.text.pipe(
+/**
+ * The body as JSON, or undefined when absent or malformed (these endpoints never reject a body's content);
+ * a body over `limits.body_bytes` is still a 413.
+ */
+const lenientJson = (request: HttpServerRequest.HttpServerRequest) =>
+  readText(request).pipe(
     Effect.map((text) => {
       try {
         return text.trim() === "" ? undefined : (JSON.parse(text) as unknown)
@@ -34,7 +42,7 @@ const lenientJson = (request: HttpServerRequest.HttpServerRequest): Effect.Effec
         return undefined
       }
     }),
-    Effect.orElseSucceed(() => undefined)
+    Effect.catchIf((error) => error.code !== "payload_too_large", () => Effect.succeed(undefined as unknown))
   )
 
 /** `GET /api/user/me`: its 403 is bare; everything else uses the envelope. */
@@ -47,7 +55,12 @@ export const accountRoutes = HttpRouter.empty.pipe(
     "/api/user/me",
     handle(
       renderSnapshotError,
-      Effect.flatMap(authenticateAccount, ({ account }) => snapshot(account)).pipe(Effect.map((body) => json(body)))
+      Effect.gen(function*() {
+        const { account } = yield* authenticateAccount
+        const settings = yield* Settings
+        yield* enforce(snapshotLimit(settings.config.limits.snapshot_per_minute), account.id)
+        return json(yield* snapshot(account))
+      })
     )
   ),
   HttpRouter.get(

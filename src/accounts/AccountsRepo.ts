@@ -3,6 +3,7 @@ import { Context, Effect, Layer } from "effect"
 import * as Crypto from "node:crypto"
 import { generateKey, hashKey, keyPrefixOf, LEGACY_PREFIX, open, randomBase62, seal } from "../auth/KeyMaterial.js"
 import { Settings } from "../config/Live.js"
+import { type Leaderboard, loadTotals, makeLeaderboard } from "./Leaderboard.js"
 
 export const ACCOUNT_STATUSES = ["active", "unlinked", "revoked"] as const
 export type AccountStatus = (typeof ACCOUNT_STATUSES)[number]
@@ -114,6 +115,8 @@ export class AccountsRepo extends Context.Tag("wellspring/accounts/AccountsRepo"
     readonly row: KeyRow
     readonly revoked: ReadonlyArray<KeyRow>
   } | null>
+  /** Today's leaderboard, aggregated at most once per 30 s for every caller of this replica. */
+  readonly leaderboard: Leaderboard
 }>() {}
 
 export const make = Effect.gen(function*() {
@@ -123,6 +126,7 @@ export const make = Effect.gen(function*() {
   const kek = settings.encryptionKey
 
   const orDie = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.orDie(effect)
+  const leaderboard = yield* makeLeaderboard((dayStart) => loadTotals(sql, dayStart))
 
   const findAccount = (id: string) =>
     orDie(sql<AccountRow>`SELECT * FROM accounts WHERE id = ${id}`).pipe(Effect.map((rows) => rows[0] ?? null))
@@ -272,7 +276,8 @@ export const make = Effect.gen(function*() {
           WHERE account_id = ${accountId} AND revoked_at IS NULL RETURNING *`
         const { key, row } = yield* insertKey(accountId, ROTATED_KEY_LABEL, false)
         return { key, row, revoked }
-      })))
+      }))),
+    leaderboard
   })
 })
 

@@ -26,6 +26,14 @@ export const READ_LIMIT: EndpointLimit = {
   message: "사용 기록 조회 요청이 너무 많습니다. 1분에 120회까지 가능합니다."
 }
 
+/** `GET /api/user/me`: `limits.snapshot_per_minute` per account (default 60). */
+export const snapshotLimit = (perMinute: number): EndpointLimit => ({
+  name: "snapshot",
+  max: perMinute,
+  windowSeconds: 60,
+  message: `계정 정보 조회 요청이 너무 많습니다. 1분에 ${perMinute}회까지 가능합니다.`
+})
+
 /** The limiter key; the same for every endpoint sharing a limit, per account. */
 export const limitKey = (limit: EndpointLimit, accountId: string): string => `acct:${limit.name}:${accountId}`
 

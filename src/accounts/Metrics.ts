@@ -154,6 +154,7 @@ export const metrics = (accountId: string, range: Range, model: string | null) =
         coalesce(sum(output_tokens) FILTER (WHERE byok), 0)::bigint AS byok_output_tokens
       FROM request_log WHERE ${scope}`
 
+    // A cancelled row's error_code is `cancelled` (as `/requests` shows it); rows written before it was null.
     const codes = yield* sql<CodeRow>`
       SELECT coalesce(error_code, CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'unknown' END) AS code,
         ${tier} AS tier, count(*) AS count

@@ -1,8 +1,10 @@
 import { HttpServerRequest } from "@effect/platform"
 import { Effect } from "effect"
 import { Auth, type Caller } from "../auth/Auth.js"
+import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
 import { AccountsRepo } from "./AccountsRepo.js"
+import { allowedOrigins, cookieRequestRefusal } from "./SameOrigin.js"
 
 /** Cookie carrying a dashboard session token (sessions table, SHA-256 hashed at rest). */
 export const SESSION_COOKIE = "ws-session"
@@ -14,21 +16,32 @@ const MAX_TOKEN_LENGTH = 256
  * Account API authentication (spec Authentication 2): the `ws-session` cookie, else a Bearer key.
  * An unknown cookie falls through to the key; anything else is 401 without a `code`.
  * The account row is re-read so mutations see the current status, not the key cache's copy.
+ *
+ * A mutation authenticated by the cookie must also pass the CSRF check of SameOrigin.ts (403
+ * `cross_site_request`, 415 `unsupported_content_type`); a refused cookie request that also carries a Bearer key is
+ * authenticated by the key instead. Every account route authenticates first, and the
+ * session lookup only reads, so the check runs before any body is parsed, any limiter counts or any row changes.
  */
 export const authenticateAccount: Effect.Effect<
   Caller,
   GatewayError,
-  Auth | AccountsRepo | HttpServerRequest.HttpServerRequest
+  Auth | AccountsRepo | Settings | HttpServerRequest.HttpServerRequest
 > = Effect.gen(function*() {
   const request = yield* HttpServerRequest.HttpServerRequest
   const auth = yield* Auth
   const repo = yield* AccountsRepo
+  const authorization = request.headers.authorization
   const token = request.cookies[SESSION_COOKIE]
   if (token && token.length <= MAX_TOKEN_LENGTH) {
     const session = yield* auth.authenticateSession(token)
-    if (session) return session
+    if (session) {
+      const settings = yield* Settings
+      const refusal = cookieRequestRefusal(request.method, request.headers, allowedOrigins(settings.config.dashboard_origins))
+      if (refusal === null) return session
+      // A refused cookie request may still carry an explicit Bearer key, which a browser never adds by itself.
+      if (!authorization || !/^Bearer\s/i.test(authorization)) return yield* Effect.fail(fail(refusal))
+    }
   }
-  const authorization = request.headers.authorization
   if (!authorization) return yield* Effect.fail(fail("unauthorized"))
   const caller = yield* auth.authenticateKey(authorization).pipe(
     Effect.catchIf((e) => e.code === "invalid_api_key", () => Effect.fail(fail("unauthorized")))

@@ -6,7 +6,8 @@ import { fail, type GatewayError } from "../errors/Catalog.js"
 import { type ModelShare, usageByModel, WEEK_MS, windowStart } from "../inference/IdentityRoutes.js"
 import { Admission, type PoolStanding } from "../quota/Admission.js"
 import { DAY_MS, round2 } from "../quota/Policy.js"
-import type { AccountRow } from "./AccountsRepo.js"
+import { type AccountRow, AccountsRepo } from "./AccountsRepo.js"
+import { leaderboardDayStart, standingOn } from "./Leaderboard.js"
 
 /**
  * Prefix of the community-identity fields of `profile` (the spec's `<community>Id` / `<community>Type`).
@@ -94,27 +95,29 @@ interface ModelDay {
   readonly output_tokens: number
 }
 
-interface Board {
+interface TodaySelf {
   readonly tokens: number
   readonly requests: number
   readonly attempted: number
-  readonly leader_tokens: number
-  readonly ahead: number
 }
 
-/** Start of today's leaderboard day: 09:00 KST = 00:00 UTC. */
-export const leaderboardDayStart = (now: number): number => Math.floor(now / DAY_MS) * DAY_MS
+export { leaderboardDayStart }
 
 /**
- * `GET /api/user/me`: the bare eleven-key snapshot. Everything is read fresh (account row, request rows,
- * quota standing); the leaderboard is today's tokens (input + output) of non-guest accounts.
+ * `GET /api/user/me`: the bare eleven-key snapshot. The caller's own figures are read fresh (account row,
+ * request rows, quota standing) with queries on the (account_id, created_at) index; the leaderboard (today's
+ * tokens, input + output, of non-guest accounts) comes from the shared cache of Leaderboard.ts, so a snapshot
+ * never aggregates other accounts' rows itself.
  */
-export const snapshot = (account: AccountRow): Effect.Effect<Record<string, unknown>, GatewayError, SqlClient.SqlClient | Settings | Admission> =>
+export const snapshot = (
+  account: AccountRow
+): Effect.Effect<Record<string, unknown>, GatewayError, SqlClient.SqlClient | Settings | Admission | AccountsRepo> =>
   Effect.gen(function*() {
     if (blocksSnapshot(account)) return yield* Effect.fail(fail("legacy_account_upgrade_required"))
     const sql = yield* SqlClient.SqlClient
     const settings = yield* Settings
     const admission = yield* Admission
+    const repo = yield* AccountsRepo
     const now = yield* Clock.currentTimeMillis
     const plan: PlanConfig = settings.planFor(account.plan)
     const dayAgo = new Date(now - DAY_MS)
@@ -139,27 +142,17 @@ export const snapshot = (account: AccountRow): Effect.Effect<Record<string, unkn
           coalesce(sum(output_tokens), 0)::bigint AS output_tokens
         FROM request_log WHERE account_id = ${account.id} AND created_at >= ${dayAgo}
         GROUP BY model_id ORDER BY requests DESC, model_id`
-      const board = yield* sql<Board>`
-        WITH board AS (
-          SELECT r.account_id, sum(r.input_tokens::bigint + r.output_tokens)::bigint AS tokens
-          FROM request_log r JOIN accounts a ON a.id = r.account_id
-          WHERE r.created_at >= ${dayStart} AND NOT a.is_guest
-          GROUP BY r.account_id
-        ), self AS (
-          SELECT coalesce(sum(input_tokens::bigint + output_tokens), 0)::bigint AS tokens,
-            count(*) FILTER (WHERE status = 'success')::int AS requests,
-            count(*)::int AS attempted
-          FROM request_log WHERE account_id = ${account.id} AND created_at >= ${dayStart}
-        )
-        SELECT self.tokens, self.requests, self.attempted,
-          coalesce((SELECT max(tokens) FROM board), 0)::bigint AS leader_tokens,
-          (SELECT count(*) FROM board WHERE board.tokens > self.tokens)::int AS ahead
-        FROM self`
-      return { recent, models, board: board[0]! }
+      const self = yield* sql<TodaySelf>`
+        SELECT coalesce(sum(input_tokens::bigint + output_tokens), 0)::bigint AS tokens,
+          count(*) FILTER (WHERE status = 'success')::int AS requests,
+          count(*)::int AS attempted
+        FROM request_log WHERE account_id = ${account.id} AND created_at >= ${dayStart}`
+      return { recent, models, self: self[0]! }
     })
-    const { board, models, recent } = yield* Effect.orDie(queries)
+    const { models, recent, self } = yield* Effect.orDie(queries)
+    const board = yield* repo.leaderboard.today
+    const { leader_tokens, rank } = standingOn(board, self.tokens, !account.is_guest)
 
-    const rank = !account.is_guest && board.tokens > 0 ? board.ahead + 1 : null
     const hidden = plan.hide_absolutes
     return {
       profile: profileOf(account),
@@ -196,10 +189,10 @@ export const snapshot = (account: AccountRow): Effect.Effect<Record<string, unkn
       rank,
       today_self: {
         rank,
-        tokens: board.tokens,
-        requests: board.requests,
-        attempted: board.attempted,
-        leader_tokens: board.leader_tokens
+        tokens: self.tokens,
+        requests: self.requests,
+        attempted: self.attempted,
+        leader_tokens
       }
     }
   })

@@ -64,7 +64,15 @@ export const make = Effect.gen(function*() {
   const lastTouch = new Map<number, number>()
   let pendingTouches: Array<{ keyId: number; at: Date }> = []
 
+  /**
+   * Bumped by every invalidation, local or announced. A lookup that started before an invalidation may have read
+   * the row before it changed (a revoke committing meanwhile): its answer is used for that request but never
+   * cached, or a revoked key could be served for a whole TTL.
+   */
+  let invalidations = 0
+
   const dropLocal = (message: string) => {
+    invalidations++
     if (message.startsWith("key:")) cache.delete(message.slice(4))
     else if (message.startsWith("account:")) {
       const id = message.slice(8)
@@ -124,9 +132,12 @@ export const make = Effect.gen(function*() {
         touch(hit.caller.key!, now)
         return Effect.succeed(hit.caller)
       }
+      const seen = invalidations
       return repo.findActiveKeyByHash(hash).pipe(Effect.flatMap((found) => {
         const caller: Caller | null = found ? { account: found.account, key: found.key } : null
-        remember(hash, { caller, expiresAt: now + (caller ? POSITIVE_TTL_MS : NEGATIVE_TTL_MS) }, now)
+        if (seen === invalidations) {
+          remember(hash, { caller, expiresAt: now + (caller ? POSITIVE_TTL_MS : NEGATIVE_TTL_MS) }, now)
+        }
         if (caller === null) return Effect.fail(fail("invalid_api_key"))
         touch(caller.key!, now)
         return Effect.succeed(caller)

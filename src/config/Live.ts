@@ -87,15 +87,64 @@ export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.
     return LiveCatalog.of({ current: () => view, changes: ref.changes, reload })
   })
 
+/** Reads a key file; null when it does not exist. */
+const readKeyFile = (file: string): Buffer | null => {
+  try {
+    return decodeEncryptionKey(Fs.readFileSync(file, "utf8").trim())
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "ENOENT") return null
+    throw error
+  }
+}
+
+/** The key another process created first. */
+const readExisting = (file: string): Buffer => {
+  const key = readKeyFile(file)
+  if (key === null) throw new Error(`${file} was removed while being created`)
+  return key
+}
+
+/**
+ * Creates `<data_dir>/encryption.key` (0600) with a new key, unless the file exists: then the key in it wins and
+ * is returned, never overwritten. The file appears complete or not at all (written to a private temporary file,
+ * then hard-linked into place, which fails if the file exists), so two processes starting together end up with
+ * the same key.
+ */
+export const createKeyFile = (dataDir: string): Buffer => {
+  const file = Path.resolve(dataDir, "encryption.key")
+  Fs.mkdirSync(dataDir, { recursive: true, mode: 0o700 })
+  const key = Crypto.randomBytes(32)
+  const body = key.toString("base64") + "\n"
+  const tmp = `${file}.${process.pid}.${Crypto.randomBytes(6).toString("hex")}.tmp`
+  Fs.writeFileSync(tmp, body, { flag: "wx", mode: 0o600 })
+  try {
+    Fs.linkSync(tmp, file)
+    return key
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code
+    if (code === "EEXIST") return readExisting(file)
+    if (code !== "EPERM" && code !== "ENOTSUP" && code !== "EOPNOTSUPP") throw error
+  } finally {
+    Fs.rmSync(tmp, { force: true })
+  }
+  // A file system without hard links: exclusive create of the file itself.
+  try {
+    Fs.writeFileSync(file, body, { flag: "wx", mode: 0o600 })
+    return key
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === "EEXIST") return readExisting(file)
+    throw error
+  }
+}
+
+/** The embedded key-encryption key: read from `<data_dir>/encryption.key`, or created there on the first start. */
+export const loadOrCreateKeyFile = (dataDir: string): Buffer =>
+  readKeyFile(Path.resolve(dataDir, "encryption.key")) ?? createKeyFile(dataDir)
+
 const loadOrCreateKey = (config: GatewayConfig): Buffer | null => {
   if (config.encryption_key) return decodeEncryptionKey(Redacted.value(config.encryption_key))
   if (config.database_url) return null
-  const file = Path.resolve(config.data_dir, "encryption.key")
-  if (Fs.existsSync(file)) return decodeEncryptionKey(Fs.readFileSync(file, "utf8").trim())
-  Fs.mkdirSync(config.data_dir, { recursive: true })
-  const key = Crypto.randomBytes(32)
-  Fs.writeFileSync(file, key.toString("base64") + "\n", { mode: 0o600 })
-  return key
+  return loadOrCreateKeyFile(config.data_dir)
 }
 
 export const makeSettings = (config: GatewayConfig, path: string): Context.Tag.Service<Settings> => ({

@@ -68,7 +68,7 @@ const raw = {
   model_overloaded: entry(529, "overloaded_error", "모델이 혼잡합니다. 5초 후 다시 시도하세요."),
   // upstream and service
   upstream_error: entry(500, "server_error", "모델 서버에서 오류가 발생했습니다."),
-  upstream_rejected: entry(500, "server_error", "모델 서버가 요청을 거부했습니다."),
+  upstream_rejected: entry(400, "invalid_request_error", "모델 서버가 요청을 거부했습니다. 요청 내용과 매개변수를 확인하세요."),
   internal_error: entry(500, "server_error", "내부 오류가 발생했습니다."),
   service_unavailable: entry(503, "service_unavailable", "서비스를 일시적으로 사용할 수 없습니다."),
   upstream_timeout: entry(503, "service_unavailable", "모델 서버 응답 시간이 초과되었습니다."),
@@ -106,6 +106,8 @@ export class GatewayError extends Data.TaggedError("GatewayError")<{
   readonly message?: string
   readonly resetsAt?: number
   readonly retryAfter?: number
+  /** Rendered as `x-should-retry` (SDKs honour it); unset: decided from the status and the wait. */
+  readonly shouldRetry?: boolean
   /** Internal detail for logs only; never rendered. */
   readonly detail?: string
 }> {

@@ -1,13 +1,29 @@
 import { HttpServerResponse } from "@effect/platform"
 import { Catalog, type GatewayError } from "./Catalog.js"
 
+/** A 429 whose wait is longer than this tells SDKs not to retry (they would retry within seconds). */
+export const LONG_WAIT_SECONDS = 60
+
+/** Seconds until the client may retry, from `retryAfter` or `resetsAt`; undefined when neither is set. */
+const waitSeconds = (error: GatewayError): number | undefined =>
+  error.retryAfter !== undefined
+    ? Math.max(0, Math.ceil(error.retryAfter))
+    : error.resetsAt !== undefined
+    ? Math.max(0, Math.ceil((error.resetsAt - Date.now()) / 1000))
+    : undefined
+
+/**
+ * `Retry-After` (never on `rotate_cooldown`, per the spec) and `x-should-retry`, which the openai SDKs honour
+ * over their own rule (they retry 408, 409, 429 and 5xx twice within seconds): `false` when the error says so
+ * (an upstream misconfiguration) or for a 429 whose wait is more than a minute away; absent otherwise.
+ */
 const retryHeaders = (error: GatewayError): Record<string, string> => {
-  if (error.code === "rotate_cooldown") return {}
-  if (error.retryAfter !== undefined) return { "retry-after": String(Math.max(0, Math.ceil(error.retryAfter))) }
-  if (error.resetsAt !== undefined) {
-    return { "retry-after": String(Math.max(0, Math.ceil((error.resetsAt - Date.now()) / 1000))) }
-  }
-  return {}
+  const wait = waitSeconds(error)
+  const headers: Record<string, string> = {}
+  if (wait !== undefined && error.code !== "rotate_cooldown") headers["retry-after"] = String(wait)
+  if (error.shouldRetry !== undefined) headers["x-should-retry"] = String(error.shouldRetry)
+  else if (error.status === 429 && wait !== undefined && wait > LONG_WAIT_SECONDS) headers["x-should-retry"] = "false"
+  return headers
 }
 
 /** `{error: {message, type, code?, resets_at?}}` */

@@ -15,9 +15,44 @@ export const newRequestId = (): string => `req_${processTag}${(++counter).toStri
 
 type Renderer = (error: GatewayError) => HttpServerResponse.HttpServerResponse
 
+/** Refusals answered without reading the body: the connection is closed so Node does not drain it. */
+const REFUSED_UNREAD: ReadonlySet<GatewayError["code"]> = new Set(["payload_too_large", "too_many_failed_requests"])
+
+const closingIfRefused = (error: GatewayError, response: HttpServerResponse.HttpServerResponse) =>
+  REFUSED_UNREAD.has(error.code) ? HttpServerResponse.setHeader(response, "connection", "close") : response
+
+/** SQLSTATE classes of errors a request's own data or a bug causes (data, integrity, syntax): not an outage. */
+const DETERMINISTIC_SQLSTATE = /^(22|23|42)/
+/** Socket errors of a lost or refused database connection. */
+const CONNECTION_ERRNO = new Set(["ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EPIPE", "EHOSTUNREACH", "ENETUNREACH", "EAI_AGAIN"])
+
+const sqlStateOf = (error: unknown): string | undefined => {
+  let current = error
+  for (let depth = 0; depth < 8 && current !== null && typeof current === "object"; depth++) {
+    const code = (current as { code?: unknown }).code
+    if (typeof code === "string") return code
+    current = (current as { cause?: unknown }).cause
+  }
+  return undefined
+}
+
+/** The database (or the connection to it) failed: a SqlError that is not about the query's own data, or a socket error. */
+export const isStoreOutage = (error: unknown): boolean => {
+  if (error === null || typeof error !== "object") return false
+  const code = sqlStateOf(error)
+  if ((error as { _tag?: unknown })._tag === "SqlError") return code === undefined || !DETERMINISTIC_SQLSTATE.test(code)
+  return code !== undefined && CONNECTION_ERRNO.has(code)
+}
+
+/** 503 `service_unavailable` when the store is down, 500 `internal_error` for any other defect. */
+export const defectCode = (cause: Cause.Cause<unknown>): "service_unavailable" | "internal_error" => {
+  const errors = [...Cause.defects(cause), ...Cause.failures(cause)]
+  return errors.some(isStoreOutage) ? "service_unavailable" : "internal_error"
+}
+
 /**
- * Runs a handler, rendering a GatewayError with the given envelope and any defect as a 500.
- * The request id header is added here, so every response carries it.
+ * Runs a handler, rendering a GatewayError with the given envelope, a store outage as 503 and any other
+ * defect as 500. The request id header is added here, so every response carries it.
  */
 export const handle = <R>(
   render: Renderer,
@@ -28,9 +63,13 @@ export const handle = <R>(
     return handler.pipe(
       Effect.catchAllCause((cause) => {
         const failure = Cause.failureOption(cause)
-        if (failure._tag === "Some") return Effect.succeed(render(failure.value))
+        if (failure._tag === "Some" && failure.value instanceof GatewayError) {
+          return Effect.succeed(closingIfRefused(failure.value, render(failure.value)))
+        }
         if (Cause.isInterruptedOnly(cause)) return Effect.failCause(cause) as never
-        return Effect.logError("unhandled defect", cause).pipe(Effect.as(render(fail("internal_error"))))
+        const code = defectCode(cause)
+        const what = code === "service_unavailable" ? "database unavailable" : "unhandled defect"
+        return Effect.logError(what, cause).pipe(Effect.as(render(fail(code))))
       }),
       Effect.map((response) => HttpServerResponse.setHeader(response, REQUEST_ID_HEADER, id)),
       Effect.locally(currentRequestId, id)

@@ -1,14 +1,15 @@
-import { HttpMiddleware, HttpRouter, HttpServerResponse } from "@effect/platform"
+import { HttpMiddleware, HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import type { RouteNotFound } from "@effect/platform/HttpServerError"
-import { NodeHttpServer } from "@effect/platform-node"
-import { Cause, Context, Deferred, Duration, Effect, Layer } from "effect"
+import { NodeHttpServer, NodeHttpServerRequest } from "@effect/platform-node"
+import { Cause, Context, Deferred, Duration, Effect, Layer, Runtime } from "effect"
 import * as Http from "node:http"
 import type { AddressInfo, Socket } from "node:net"
-import type { Listener, Origin } from "../config/GatewayConfig.js"
+import type { LimitsConfig, Listener, Origin } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
 import { fail } from "../errors/Catalog.js"
 import { inferenceBody } from "../errors/Render.js"
-import { newRequestId, REQUEST_ID_HEADER } from "./Respond.js"
+import { declaredOver } from "./Body.js"
+import { defectCode, newRequestId, REQUEST_ID_HEADER } from "./Respond.js"
 
 /** Routers contributed by each domain, grouped by the origin that serves them. */
 export type Routes<R> = Readonly<Record<Origin, HttpRouter.HttpRouter<unknown, R>>>
@@ -42,7 +43,10 @@ const appFor = <R>(origins: ReadonlyArray<Origin>, routes: Routes<R>) =>
       Cause.isInterruptedOnly(cause)
         ? Effect.failCause(cause)
         : Effect.logError("request failed outside a handler", cause).pipe(
-          Effect.as(HttpServerResponse.unsafeJson(inferenceBody(fail("internal_error")), { status: 500 }))
+          Effect.map(() => {
+            const error = fail(defectCode(cause))
+            return HttpServerResponse.unsafeJson(inferenceBody(error), { status: error.status })
+          })
         )
     ),
     // Every response carries a request id, also from routes that do not go through `handle`.
@@ -50,8 +54,67 @@ const appFor = <R>(origins: ReadonlyArray<Origin>, routes: Routes<R>) =>
       response.headers[REQUEST_ID_HEADER] === undefined
         ? HttpServerResponse.setHeader(response, REQUEST_ID_HEADER, newRequestId())
         : response
-    )
+    ),
+    Effect.zipWith(HttpServerRequest.HttpServerRequest, closeIfBodyUnread)
   ))
+
+/** Unread bodies up to this size are discarded by Node to keep the connection; cheaper than a new one. */
+const DRAIN_BYTES = 64 * 1024
+
+/**
+ * A response sent before a large (or chunked) request body has fully arrived, i.e. a refusal that did not read
+ * it, closes the connection; otherwise Node would read and discard the rest of the body to reuse the connection.
+ */
+const closeIfBodyUnread = (
+  response: HttpServerResponse.HttpServerResponse,
+  request: HttpServerRequest.HttpServerRequest
+) => {
+  if (response.headers["connection"] !== undefined) return response
+  const incoming = NodeHttpServerRequest.toIncomingMessage(request)
+  if (incoming.complete) return response
+  // Without Content-Length or Transfer-Encoding a request has no body (a GET, typically).
+  const declared = incoming.headers["content-length"]
+  const chunked = incoming.headers["transfer-encoding"] !== undefined
+  const large = chunked || (declared !== undefined && !(Number(declared) <= DRAIN_BYTES))
+  return large ? HttpServerResponse.setHeader(response, "connection", "close") : response
+}
+
+/**
+ * Node's socket-level bounds from `limits`. `requestTimeout` only covers receiving the request: a response that
+ * streams for minutes is not cut. Expiry is checked every `connectionsCheckingInterval`, so it stays short.
+ */
+export const serverOptions = (limits: LimitsConfig): Http.ServerOptions => {
+  const requestTimeout = limits.body_timeout_seconds * 1000
+  return {
+    // Node requires headersTimeout <= requestTimeout.
+    headersTimeout: Math.min(limits.headers_timeout_seconds * 1000, requestTimeout),
+    requestTimeout,
+    keepAliveTimeout: limits.keep_alive_seconds * 1000,
+    connectionsCheckingInterval: Math.min(1000, requestTimeout / 2)
+  }
+}
+
+/** Connection cap; a warning at most once a minute while connections are refused. */
+const capConnections = (server: Http.Server, max: number, warn: (message: string) => void) => {
+  server.maxConnections = max
+  let lastWarning = 0
+  server.on("drop", () => {
+    const now = Date.now()
+    if (now - lastWarning < 60_000) return
+    lastWarning = now
+    warn(`connection cap of ${max} reached; refusing new connections`)
+  })
+}
+
+/**
+ * `Expect: 100-continue` with a declared body over the limit gets no `100 Continue`: the handler answers 413
+ * and the client never sends the body.
+ */
+const refuseOversizedContinue = (server: Http.Server, limitBytes: number) =>
+  server.on("checkContinue", (request: Http.IncomingMessage, response: Http.ServerResponse) => {
+    if (!declaredOver(request.headers, limitBytes)) response.writeContinue()
+    server.emit("request", request, response)
+  })
 
 const listen = (server: Http.Server, listener: Listener) =>
   Effect.async<number, Error>((resume) => {
@@ -102,6 +165,7 @@ export const layer = <R>(routes: Routes<R>) => Layer.scoped(
   Effect.gen(function*() {
     const settings = yield* Settings
     const grace = Duration.seconds(settings.config.shutdown_grace_seconds)
+    const runtime = yield* Effect.runtime<never>()
     const servers: Array<Http.Server> = []
     const closeIdle: Array<() => void> = []
     const bound: Array<Bound> = []
@@ -111,7 +175,10 @@ export const layer = <R>(routes: Routes<R>) => Layer.scoped(
         Effect.locally(HttpMiddleware.currentTracerDisabledWhen, () => true),
         Effect.withTracerEnabled(false)
       )
-      const server = Http.createServer({ keepAliveTimeout: 65_000 }, handler)
+      const limits = settings.config.limits
+      const server = Http.createServer(serverOptions(limits), handler)
+      capConnections(server, limits.connections, (message) => Runtime.runFork(runtime)(Effect.logWarning(message)))
+      refuseOversizedContinue(server, limits.body_bytes)
       const port = yield* listen(server, listener).pipe(
         Effect.mapError((error) => new Error(`cannot listen on ${listener.host}:${listener.port}: ${error.message}`)),
         Effect.orDie

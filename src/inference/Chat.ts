@@ -1,11 +1,13 @@
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Cause, Effect, Either, Exit, FiberRef, Option, Scope } from "effect"
+import { Cause, Effect, Exit, FiberRef, Option, Scope } from "effect"
 import { Auth, type Caller } from "../auth/Auth.js"
 import type { ModelConfig, PlanConfig } from "../config/GatewayConfig.js"
 import { LiveCatalog, Settings } from "../config/Live.js"
 import { Catalog, fail, GatewayError } from "../errors/Catalog.js"
 import { inferenceBody, renderInference } from "../errors/Render.js"
 import { currentRequestId, handle, headersOf } from "../http/Respond.js"
+import { readText } from "../http/Body.js"
+import { guard as guardFailures, recordFailure } from "../http/FailedRequests.js"
 import { Admission, type AdmitInput, type Standing, type Ticket } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
 import {
@@ -18,24 +20,26 @@ import {
   type Usage
 } from "../upstream/Upstream.js"
 import { type ChatRequest, decodeChatRequest } from "./ChatRequest.js"
+import { modelIdOfBody, readJsonBody, UNKNOWN_MODEL_ID } from "./JsonGuard.js"
 import { sseBody } from "./SseBody.js"
+import { isUpstreamFailure, upstreamFailure } from "./UpstreamErrors.js"
 import { quotaHeaders, receipt } from "./Receipt.js"
 import { exceedsLimit, measure } from "./Tokens.js"
 
-export const upstreamFailure = (error: UpstreamError): GatewayError => {
-  const detail = `${error.kind}${error.status ? ` ${error.status}` : ""}: ${error.detail}`
-  switch (error.kind) {
-    case "connect":
-      return fail("service_unavailable", { detail })
-    case "timeout":
-      return fail("upstream_timeout", { detail })
-    case "rate_limited":
-      return fail("upstream_rate_limited", { detail, retryAfter: 5 })
-    case "status":
-      return fail((error.status ?? 500) >= 500 ? "upstream_error" : "upstream_rejected", { detail })
-    case "protocol":
-      return fail("upstream_error", { detail })
-  }
+export { upstreamFailure }
+
+/** Streams measured from first event to end over less than this (one burst) measure tps from dispatch. */
+const MIN_STREAM_SPAN_MS = 50
+
+/**
+ * Output tokens per second of generation, rounded to 2 decimals; 0 without output or time. Generation time is
+ * from dispatch to the answer for a non-stream, from the first event to the end for a stream (from dispatch
+ * when the whole stream came in one burst).
+ */
+export const tokensPerSecond = (outputTokens: number, generationMs: number | null): number => {
+  if (!(outputTokens > 0) || generationMs === null || !(generationMs > 0)) return 0
+  const tps = Math.round((outputTokens / (generationMs / 1000)) * 100) / 100
+  return Number.isFinite(tps) ? tps : 0
 }
 
 /**
@@ -54,6 +58,9 @@ export class Exchange {
   ticket: Ticket | null = null
   scope: Scope.CloseableScope | null = null
   ttfbMs: number | null = null
+  /** When the upstream request was sent, and when its first event came (performance.now()). */
+  dispatchedAt: number | null = null
+  firstEventAt: number | null = null
   deliveredChars = 0
   usage: Usage | null = null
   private finished = false
@@ -67,6 +74,22 @@ export class Exchange {
 
   markFirstByte() {
     if (this.ttfbMs === null) this.ttfbMs = Math.round(performance.now() - this.startedAt)
+  }
+
+  markDispatched() {
+    this.dispatchedAt = performance.now()
+  }
+
+  markFirstEvent() {
+    if (this.firstEventAt === null) this.firstEventAt = performance.now()
+    this.markFirstByte()
+  }
+
+  /** Milliseconds of upstream generation up to `now` (see `tokensPerSecond`); null if never dispatched. */
+  generationMs(now: number): number | null {
+    const first = this.firstEventAt
+    const from = this.stream && first !== null && now - first >= MIN_STREAM_SPAN_MS ? first : this.dispatchedAt
+    return from === null ? null : now - from
   }
 
   /** Usage to charge: the upstream's figures, else an estimate of what was delivered. */
@@ -110,12 +133,14 @@ export class Exchange {
       const error = outcome.error
       // The row's `error` is shown to the account (`recentRequests`): a server-side failure records its code and
       // status only; its detail (upstream answer text, addresses) goes to the log, as `detail` is meant to.
-      const serverSide = error !== undefined && error.status >= 500 && error.detail !== undefined
+      // So is an upstream's refusal text (4xx), whatever its status.
+      const serverSide = error !== undefined && error.detail !== undefined &&
+        (error.status >= 500 || isUpstreamFailure(error))
       return (serverSide ? Effect.logWarning("request failed", error.detail) : Effect.void).pipe(
         Effect.zipRight(settle),
         Effect.tap((settled) => {
-          const duration = Math.max(0, Math.round(performance.now() - this.startedAt))
-          const generating = duration - (this.ttfbMs ?? 0)
+          const now = performance.now()
+          const duration = Math.max(0, Math.round(now - this.startedAt))
           const counted = delivered ? usage : null
           this.log.record({
             id: this.rowId,
@@ -124,7 +149,12 @@ export class Exchange {
             key_id: this.caller.key?.id ?? null,
             model_id: this.modelId,
             status: outcome.status,
-            error_code: outcome.error ? Catalog[outcome.error.code].wire ?? outcome.error.code : null,
+            // A cancelled row says so in `error_code` too, as the metrics' `errors.by_code` does.
+            error_code: outcome.error
+              ? Catalog[outcome.error.code].wire ?? outcome.error.code
+              : outcome.status === "cancelled"
+              ? "cancelled"
+              : null,
             http_status: outcome.error ? outcome.error.status : outcome.status === "cancelled" ? 499 : 200,
             stream: this.stream,
             input_tokens: counted?.prompt_tokens ?? 0,
@@ -134,7 +164,7 @@ export class Exchange {
             weighted_cost: settled?.weighted ?? 0,
             ttfb_ms: this.ttfbMs,
             duration_ms: duration,
-            tps: counted && generating > 0 ? Math.round((counted.completion_tokens / generating) * 1000 * 100) / 100 : 0,
+            tps: counted ? tokensPerSecond(counted.completion_tokens, this.generationMs(now)) : 0,
             had_tools: this.hadTools,
             tool_choice: this.toolChoice,
             byok: false,
@@ -177,9 +207,12 @@ const upstreamRequest = (req: ChatRequest, model: ModelConfig, maxTokens: number
   if (req.top_p !== undefined) out.top_p = req.top_p
   if (req.stop !== undefined) out.stop = req.stop
   if (req.reasoning_effort !== undefined) out.reasoning_effort = req.reasoning_effort as "none" | "low" | "high" | "max"
-  if (req.tools !== undefined && req.tools.length > 0) out.tools = req.tools
-  if (req.tool_choice !== undefined) out.tool_choice = req.tool_choice
-  if (req.parallel_tool_calls !== undefined) out.parallel_tool_calls = req.parallel_tool_calls
+  // The tool options only go with tools: OpenAI-compatible upstreams reject them alone.
+  if (req.tools !== undefined && req.tools.length > 0) {
+    out.tools = req.tools
+    if (req.tool_choice !== undefined) out.tool_choice = req.tool_choice
+    if (req.parallel_tool_calls !== undefined) out.parallel_tool_calls = req.parallel_tool_calls
+  }
   return out as UpstreamRequest
 }
 
@@ -245,6 +278,7 @@ const complete = (
   answer: Effect.Effect<ReadonlyArray<UpstreamEvent>, UpstreamError>
 ) =>
   Effect.gen(function*() {
+    exchange.markDispatched()
     const events = yield* Effect.mapError(answer, upstreamFailure)
     const acc: Accumulated = { content: "", reasoning: "", tools: [], finish: "stop" }
     for (const event of events) accumulate(acc, event, exchange)
@@ -348,13 +382,15 @@ const streamed = (
   Effect.gen(function*() {
     const runtime = yield* Effect.runtime<never>()
     const framing = sseFraming(exchange, plan)
-    // `open` resolves with the first events, so a failure before any byte is still a JSON error.
+    exchange.markDispatched()
+    // A failure before the first event (or before the wait for it ran out) is still a JSON error.
     const body = yield* sseBody(
       runtime,
       exchange.scope!,
-      (sink) => Effect.mapError(adapter.open(request, sink), upstreamFailure),
+      (sink) => adapter.open(request, sink),
       framing.head,
       {
+        started: () => exchange.markFirstEvent(),
         frames: framing.frames,
         end: framing.end,
         failed: (error) =>
@@ -364,8 +400,7 @@ const streamed = (
           }).pipe(Effect.asVoid),
         cancelled: exchange.finish({ status: "cancelled" }).pipe(Effect.asVoid)
       }
-    )
-    exchange.markFirstByte()
+    ).pipe(Effect.mapError(upstreamFailure))
     const headers = {
       ...quotaHeaders(exchange.ticket!.reserved, exchange.ticket!.rpm, exchange.rowId),
       "cache-control": "no-cache",
@@ -374,13 +409,9 @@ const streamed = (
     return HttpServerResponse.raw(body, { status: 200, contentType: "text/event-stream", headers })
   })
 
-export const parseBody = (text: string): Either.Either<unknown, GatewayError> => {
-  try {
-    return Either.right(JSON.parse(text))
-  } catch {
-    return Either.left(fail("invalid_json"))
-  }
-}
+/** Parses a body no deeper than `maxDepth`, a large one on a turn of its own (see `readJsonBody`). */
+export const parseBody = (text: string, maxDepth: number): Effect.Effect<unknown, GatewayError> =>
+  readJsonBody(text, maxDepth)
 
 const validate = (req: ChatRequest, model: ModelConfig | undefined) => {
   if (model === undefined || model.disabled) {
@@ -416,14 +447,18 @@ export const chatCompletions = HttpRouter.post(
 
     const pipeline = Effect.gen(function*() {
       const caller = yield* auth.authenticateKey(request.headers.authorization)
+      yield* guardFailures(caller)
       const requestId = yield* FiberRef.get(currentRequestId)
       const exchange = new Exchange(caller, yield* log.nextId, requestId, log)
 
       const run = Effect.gen(function*() {
         yield* auth.gate(caller, headersOf(request))
-        const text = yield* request.text.pipe(Effect.mapError(() => fail("invalid_json")))
-        const req = yield* parseBody(text).pipe(Either.flatMap(decodeChatRequest))
-        exchange.modelId = req.model
+        const text = yield* readText(request)
+        const limits = settings.config.limits
+        exchange.modelId = UNKNOWN_MODEL_ID
+        const body = yield* parseBody(text, limits.json_depth)
+        exchange.modelId = modelIdOfBody(body)
+        const req = yield* decodeChatRequest(body, limits)
         exchange.stream = req.stream === true
         exchange.hadTools = (req.tools?.length ?? 0) > 0
         exchange.toolChoice = toolChoiceLabel(req.tool_choice)
@@ -431,6 +466,7 @@ export const chatCompletions = HttpRouter.post(
         const invalid = validate(req, model)
         if (invalid) return yield* Effect.fail(invalid)
         const m = model!
+        exchange.modelId = m.id
         const size = measure(req.messages, req.tools)
         if (size.images > 0 && !m.supports_images) return yield* Effect.fail(fail("images_not_supported"))
         const { exceeds, tokens } = yield* exceedsLimit(size, m.max_input_tokens)
@@ -483,6 +519,7 @@ export const finishing = <R>(
       return error ? exchange.finish({ status: "error", error }) : Effect.void
     }),
     Effect.onInterrupt(() => exchange.finish({ status: "cancelled" })),
+    Effect.tapError((error) => recordFailure(exchange.caller, error)),
     Effect.catchAll((error) => Effect.succeed(renderWithRow(error, exchange.rowId)))
   )
 

@@ -1,9 +1,30 @@
 import { Either, ParseResult, Schema } from "effect"
-import { fail, type GatewayError } from "../errors/Catalog.js"
+import type { LimitsConfig } from "../config/GatewayConfig.js"
+import { type Code, fail, type GatewayError } from "../errors/Catalog.js"
+import { exceedsJsonBounds, formatPath } from "./JsonGuard.js"
 
 const opt = <S extends Schema.Schema.All>(schema: S) => Schema.optionalWith(schema, { exact: true })
 
+/** Longest `model` accepted (catalog ids are at most 128; BYOK references name a provider, a label and a model). */
+export const MODEL_CHARS = 256
+/** Longest id or name a client echoes back (tool call ids, `tool_call_id`, tool call and tool choice names). */
+export const ID_CHARS = 256
+/** `stop`: at most this many sequences, each at most `STOP_CHARS` long. */
+export const STOP_SEQUENCES = 4
+export const STOP_CHARS = 256
+export const MAX_TOOLS = 128
+/**
+ * Content parts and tool calls per request, over all messages: decoding costs about 2 µs per item, so these
+ * keep it to milliseconds (160,000 parts in a 4 MB body took 300 ms).
+ */
+export const MAX_CONTENT_PARTS = 4096
+export const MAX_TOOL_CALLS = 4096
+
+export const Bounded = (max: number) => Schema.String.pipe(Schema.maxLength(max))
+
 // Flat schemas built once at module scope; unknown fields are stripped on decode (never forwarded).
+// Bounds fixed by the contract live here; bounds taken from `limits` (config) are checked by `checkRaw` (before
+// decoding) and `checkTexts` (after).
 
 export const TextPart = Schema.Struct({ type: Schema.Literal("text"), text: Schema.String })
 export const ImagePart = Schema.Struct({
@@ -19,9 +40,9 @@ export const ContentPart = Schema.Union(TextPart, ImagePart)
 const Content = Schema.Union(Schema.String, Schema.Array(ContentPart))
 
 export const ToolCall = Schema.Struct({
-  id: Schema.String,
+  id: Bounded(ID_CHARS),
   type: Schema.Literal("function"),
-  function: Schema.Struct({ name: Schema.String, arguments: Schema.String })
+  function: Schema.Struct({ name: Bounded(ID_CHARS), arguments: Schema.String })
 })
 
 export const SystemMessage = Schema.Struct({ role: Schema.Literal("system"), content: Content })
@@ -34,7 +55,7 @@ export const AssistantMessage = Schema.Struct({
 })
 export const ToolMessage = Schema.Struct({
   role: Schema.Literal("tool"),
-  tool_call_id: Schema.String,
+  tool_call_id: Bounded(ID_CHARS),
   content: Schema.String
 })
 export const Message = Schema.Union(SystemMessage, UserMessage, AssistantMessage, ToolMessage)
@@ -55,19 +76,19 @@ export const ToolDefinition = Schema.Struct({
 
 export const ToolChoice = Schema.Union(
   Schema.Literal("auto", "required", "none"),
-  Schema.Struct({ type: Schema.Literal("function"), function: Schema.Struct({ name: Schema.String }) })
+  Schema.Struct({ type: Schema.Literal("function"), function: Schema.Struct({ name: Bounded(ID_CHARS) }) })
 )
 
 export const ChatRequest = Schema.Struct({
-  model: Schema.String,
+  model: Bounded(MODEL_CHARS),
   messages: Schema.Array(Message).pipe(Schema.minItems(1)),
   stream: opt(Schema.Boolean),
-  temperature: opt(Schema.Number),
+  temperature: opt(Schema.Number.pipe(Schema.finite(), Schema.between(0, 2))),
   max_tokens: opt(Schema.Int.pipe(Schema.positive())),
-  top_p: opt(Schema.Number),
-  stop: opt(Schema.Union(Schema.String, Schema.Array(Schema.String))),
+  top_p: opt(Schema.Number.pipe(Schema.finite(), Schema.between(0, 1))),
+  stop: opt(Schema.Union(Bounded(STOP_CHARS), Schema.Array(Bounded(STOP_CHARS)).pipe(Schema.maxItems(STOP_SEQUENCES)))),
   reasoning_effort: opt(Schema.String),
-  tools: opt(Schema.Array(ToolDefinition).pipe(Schema.maxItems(128, {
+  tools: opt(Schema.Array(ToolDefinition).pipe(Schema.maxItems(MAX_TOOLS, {
     message: () => "at most 128 tools"
   }))),
   tool_choice: opt(ToolChoice),
@@ -77,33 +98,201 @@ export type ChatRequest = typeof ChatRequest.Type
 
 const decode = Schema.decodeUnknownEither(ChatRequest)
 
-const firstIssue = (error: ParseResult.ParseError) => ParseResult.ArrayFormatter.formatErrorSync(error)[0]
-
+/** What the user is told per top-level field; the path of the offending value is appended. */
 const FIELD_MESSAGES: Record<string, string> = {
-  model: "model 필드(문자열)가 필요합니다.",
-  tools: "tools 형식이 올바르지 않습니다. 최대 128개, 이름은 ^[a-zA-Z0-9_-]{1,64}$ 형식이어야 합니다.",
-  tool_choice: "tool_choice 는 auto, required, none 또는 {type: function, function: {name}} 이어야 합니다.",
+  model: `model 은 ${MODEL_CHARS}자 이하의 문자열이어야 합니다.`,
+  messages: "messages 형식이 올바르지 않습니다. 메시지 객체 배열(최소 1개)이어야 하며, role 은 system, user, assistant, tool 중 하나입니다.",
+  stream: "stream 은 true 또는 false 여야 합니다.",
+  temperature: "temperature 는 0 이상 2 이하의 숫자여야 합니다.",
+  top_p: "top_p 는 0 이상 1 이하의 숫자여야 합니다.",
   max_tokens: "max_tokens 는 양의 정수여야 합니다.",
-  stream: "stream 은 boolean 이어야 합니다.",
-  stop: "stop 은 문자열 또는 문자열 배열이어야 합니다."
+  stop: `stop 은 문자열 또는 최대 ${STOP_SEQUENCES}개의 문자열 배열이어야 하며, 각 문자열은 ${STOP_CHARS}자 이하여야 합니다.`,
+  reasoning_effort: "reasoning_effort 는 문자열이어야 합니다.",
+  tools: `tools 형식이 올바르지 않습니다. 최대 ${MAX_TOOLS}개, 각 도구는 {type: function, function: {name, parameters}} 형식이며 이름은 ^[a-zA-Z0-9_-]{1,64}$ 형식이어야 합니다.`,
+  tool_choice: "tool_choice 는 auto, required, none 또는 {type: function, function: {name}} 이어야 합니다.",
+  parallel_tool_calls: "parallel_tool_calls 는 true 또는 false 여야 합니다."
 }
 
-/** Decodes a parsed JSON body; maps the first issue to the catalog. */
-export const decodeChatRequest = (body: unknown): Either.Either<ChatRequest, GatewayError> => {
+interface Located {
+  readonly path: ReadonlyArray<PropertyKey>
+  readonly missing: boolean
+}
+
+/**
+ * The path of the most specific leaf issue (the deepest; for a union, the member that got furthest), read off
+ * the issue tree without formatting any message: Effect's messages embed the offending value, which may be
+ * megabytes.
+ */
+const locate = (issue: ParseResult.ParseIssue, path: ReadonlyArray<PropertyKey> = []): Located => {
+  switch (issue._tag) {
+    case "Pointer":
+      return locate(issue.issue, path.concat(issue.path as PropertyKey | ReadonlyArray<PropertyKey>))
+    case "Composite": {
+      if (!Array.isArray(issue.issues)) return locate(issue.issues as ParseResult.ParseIssue, path)
+      let best: Located | null = null
+      for (const sub of issue.issues as ReadonlyArray<ParseResult.ParseIssue>) {
+        const found = locate(sub, path)
+        if (best === null || found.path.length > best.path.length) best = found
+      }
+      return best ?? { path, missing: false }
+    }
+    case "Refinement":
+    case "Transformation":
+      return locate(issue.issue, path)
+    case "Missing":
+      return { path, missing: true }
+    default:
+      return { path, missing: false }
+  }
+}
+
+export const NOT_AN_OBJECT = "요청 본문은 JSON 객체여야 합니다."
+
+/**
+ * A decode failure as the user sees it: the message for the offending value's last key under its top-level
+ * field (`keyMessages[field][key]`), else the field's (`fieldMessages[field]`), with the value's path; never
+ * the value itself nor Effect's English text.
+ */
+export const describeDecodeFailure = (
+  error: ParseResult.ParseError,
+  fieldMessages: Readonly<Record<string, string>>,
+  keyMessages: Readonly<Record<string, Readonly<Record<string, string>>>> = {}
+): { readonly field: string; readonly message: string } => {
+  const { path, missing } = locate(error.issue)
+  const field = typeof path[0] === "string" ? path[0] : ""
+  if (field === "") return { field, message: NOT_AN_OBJECT }
+  let lastKey: PropertyKey | undefined
+  for (let i = path.length - 1; i > 0 && lastKey === undefined; i--) if (typeof path[i] === "string") lastKey = path[i]
+  const known = (typeof lastKey === "string" ? keyMessages[field]?.[lastKey] : undefined) ?? fieldMessages[field] ??
+    "요청 형식이 올바르지 않습니다."
+  const where = formatPath(path)
+  const message = missing
+    ? `${where} 필드가 필요합니다. ${known}`
+    : path.length > 1
+    ? `${known} (위치: ${where})`
+    : known
+  return { field, message }
+}
+
+/** Within `messages`, what the user is told per key of the offending value (its last named key). */
+const MESSAGE_KEY_MESSAGES: Record<string, string> = {
+  role: "role 은 system, user, assistant, tool 중 하나여야 합니다.",
+  content: "content 는 문자열 또는 콘텐츠 파트 배열이어야 합니다(assistant 는 문자열 또는 null, tool 은 문자열).",
+  type: "콘텐츠 파트의 type 은 text 또는 image_url 이어야 하고, tool_calls 의 type 은 function 이어야 합니다.",
+  text: "text 는 문자열이어야 합니다.",
+  image_url: "image_url 은 {url, detail} 객체여야 합니다.",
+  url: "image_url.url 은 https URL 또는 data: URI 여야 합니다.",
+  detail: "image_url.detail 은 auto, low, high 중 하나여야 합니다.",
+  reasoning: "reasoning 은 문자열이어야 합니다.",
+  tool_calls: "tool_calls 는 {id, type: function, function: {name, arguments}} 객체 배열이어야 합니다.",
+  id: `tool_calls 의 id 는 ${ID_CHARS}자 이하의 문자열이어야 합니다.`,
+  function: "tool_calls 의 function 은 {name, arguments} 객체여야 합니다.",
+  name: `function.name 은 ${ID_CHARS}자 이하의 문자열이어야 합니다.`,
+  arguments: "function.arguments 는 문자열(JSON 인코딩된 객체)이어야 합니다.",
+  tool_call_id: `tool_call_id 는 ${ID_CHARS}자 이하의 문자열이어야 합니다.`
+}
+
+const decodeFailure = (error: ParseResult.ParseError): GatewayError => {
+  const { field, message } = describeDecodeFailure(error, FIELD_MESSAGES, { messages: MESSAGE_KEY_MESSAGES })
+  return fail(field === "messages" ? "invalid_messages" : "invalid_request", { message })
+}
+
+export const tooLong = (code: Code, path: ReadonlyArray<PropertyKey>, max: number) =>
+  fail(code, { message: `${formatPath(path)} 이(가) 너무 깁니다. 최대 ${max}자까지 허용됩니다.` })
+
+const toolBoundsError = (index: number, bound: "depth" | "size", limits: LimitsConfig): GatewayError =>
+  bound === "depth"
+    ? fail("invalid_request", {
+      message: `${formatPath(["tools", index])} 의 중첩이 너무 깊습니다. function.parameters 는 최대 ${limits.tool_schema_depth}단계까지 허용됩니다.`
+    })
+    : fail("invalid_request", {
+      message: `${formatPath(["tools", index])} 정의가 너무 큽니다. 도구 하나는 최대 ${limits.tool_schema_bytes}바이트까지 허용됩니다.`
+    })
+
+/**
+ * Sizes checked on the raw body before decoding, so decoding (about 2 µs per value) never walks an oversized
+ * array: message, content part, tool call, tool and `stop` counts, and each tool's size and depth (as sent,
+ * unknown fields included; `parameters` sits two levels down in `{type, function: {parameters}}`).
+ */
+const checkRaw = (body: Record<string, unknown>, limits: LimitsConfig): GatewayError | null => {
+  const messages = body.messages
+  if (Array.isArray(messages)) {
+    if (messages.length > limits.messages) {
+      return fail("invalid_messages", { message: `messages 는 최대 ${limits.messages}개까지 허용됩니다.` })
+    }
+    let parts = 0
+    let calls = 0
+    for (const message of messages) {
+      if (typeof message !== "object" || message === null) continue
+      const { content, tool_calls } = message as { readonly content?: unknown; readonly tool_calls?: unknown }
+      if (Array.isArray(content)) parts += content.length
+      if (Array.isArray(tool_calls)) calls += tool_calls.length
+    }
+    if (parts > MAX_CONTENT_PARTS) {
+      return fail("invalid_messages", { message: `콘텐츠 파트는 요청 전체에서 최대 ${MAX_CONTENT_PARTS}개까지 허용됩니다.` })
+    }
+    if (calls > MAX_TOOL_CALLS) {
+      return fail("invalid_messages", { message: `tool_calls 는 요청 전체에서 최대 ${MAX_TOOL_CALLS}개까지 허용됩니다.` })
+    }
+  }
+  const tools = body.tools
+  if (Array.isArray(tools)) {
+    if (tools.length > MAX_TOOLS) return fail("invalid_request", { message: `tools 는 최대 ${MAX_TOOLS}개까지 허용됩니다.` })
+    for (let t = 0; t < tools.length; t++) {
+      const bound = exceedsJsonBounds(tools[t], limits.tool_schema_depth + 2, limits.tool_schema_bytes)
+      if (bound !== null) return toolBoundsError(t, bound, limits)
+    }
+  }
+  const stop = body.stop
+  if (Array.isArray(stop) && stop.length > STOP_SEQUENCES) return fail("invalid_request", { message: FIELD_MESSAGES.stop! })
+  return null
+}
+
+/** Text bounds taken from config, checked in one cheap pass over the decoded request (no copies). */
+const checkTexts = (req: ChatRequest, limits: LimitsConfig): GatewayError | null => {
+  const text = limits.text_chars
+  for (let i = 0; i < req.messages.length; i++) {
+    const message = req.messages[i]!
+    const content = message.content
+    if (typeof content === "string") {
+      if (content.length > text) return tooLong("invalid_messages", ["messages", i, "content"], text)
+    } else if (content !== null) {
+      for (let j = 0; j < content.length; j++) {
+        const part = content[j]!
+        if (part.type === "text") {
+          if (part.text.length > text) return tooLong("invalid_messages", ["messages", i, "content", j, "text"], text)
+        } else if (part.image_url.url.length > limits.image_url_chars) {
+          return tooLong("invalid_messages", ["messages", i, "content", j, "image_url", "url"], limits.image_url_chars)
+        }
+      }
+    }
+    if (message.role === "assistant") {
+      if (message.reasoning !== undefined && message.reasoning.length > text) {
+        return tooLong("invalid_messages", ["messages", i, "reasoning"], text)
+      }
+      const calls = message.tool_calls ?? []
+      for (let k = 0; k < calls.length; k++) {
+        if (calls[k]!.function.arguments.length > text) {
+          return tooLong("invalid_messages", ["messages", i, "tool_calls", k, "function", "arguments"], text)
+        }
+      }
+    }
+  }
+  return null
+}
+
+/**
+ * Decodes a parsed JSON body within `limits`; maps the first problem to the catalog with a Korean message
+ * that names the field and its path, never the client's value.
+ */
+export const decodeChatRequest = (body: unknown, limits: LimitsConfig): Either.Either<ChatRequest, GatewayError> => {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    return Either.left(fail("invalid_request", { message: NOT_AN_OBJECT }))
+  }
+  const raw = checkRaw(body as Record<string, unknown>, limits)
+  if (raw) return Either.left(raw)
   const result = decode(body)
-  if (Either.isRight(result)) return Either.right(result.right)
-  const issue = firstIssue(result.left)
-  const field = String(issue?.path[0] ?? "")
-  const where = issue ? `${issue.path.join(".") || "(body)"}: ${issue.message}` : "invalid body"
-  if (field === "") {
-    return Either.left(fail("invalid_request", { message: "요청 본문은 JSON 객체여야 합니다.", detail: where }))
-  }
-  if (field === "messages") {
-    return Either.left(fail("invalid_messages", { message: `messages 형식이 올바르지 않습니다. (${where})`, detail: where }))
-  }
-  if (field === "tools" && issue?.message === "at most 128 tools") {
-    return Either.left(fail("invalid_request", { message: "tools 는 최대 128개까지 허용됩니다.", detail: where }))
-  }
-  const message = FIELD_MESSAGES[field] ?? `${field} 값이 올바르지 않습니다.`
-  return Either.left(fail("invalid_request", { message: `${message} (${where})`, detail: where }))
+  if (Either.isLeft(result)) return Either.left(decodeFailure(result.left))
+  const texts = checkTexts(result.right, limits)
+  return texts ? Either.left(texts) : Either.right(result.right)
 }

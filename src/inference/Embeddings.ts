@@ -2,24 +2,81 @@ import { HttpRouter, HttpServerRequest } from "@effect/platform"
 import { Effect, Either, FiberRef, Schema } from "effect"
 import { Auth } from "../auth/Auth.js"
 import { LiveCatalog, Settings } from "../config/Live.js"
-import { fail } from "../errors/Catalog.js"
+import type { LimitsConfig } from "../config/GatewayConfig.js"
+import { fail, type GatewayError } from "../errors/Catalog.js"
 import { renderInference } from "../errors/Render.js"
 import { currentRequestId, handle, headersOf, json } from "../http/Respond.js"
+import { readText } from "../http/Body.js"
+import { guard as guardFailures } from "../http/FailedRequests.js"
 import { Admission } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
 import { Upstreams } from "../upstream/Upstream.js"
-import { Exchange, finishing, parseBody, upstreamFailure } from "./Chat.js"
+import { Exchange, finishing, upstreamFailure } from "./Chat.js"
+import { Bounded, describeDecodeFailure, MODEL_CHARS, NOT_AN_OBJECT, tooLong } from "./ChatRequest.js"
+import { modelIdOfBody, readJsonBody, UNKNOWN_MODEL_ID } from "./JsonGuard.js"
 import { exceedsLimit } from "./Tokens.js"
 
 /** Output dimension fixed by the spec. */
 export const EMBEDDING_DIMENSIONS = 1024
 
-const EmbeddingsRequest = Schema.Struct({
-  model: Schema.String,
-  input: Schema.Union(Schema.String, Schema.Array(Schema.String).pipe(Schema.minItems(1), Schema.maxItems(2048))),
-  encoding_format: Schema.optionalWith(Schema.Literal("float"), { exact: true })
+/** The validating schema (OpenApi.ts may reuse it); counts and sizes from `limits` are checked around it. */
+export const EmbeddingsRequest = Schema.Struct({
+  model: Bounded(MODEL_CHARS),
+  input: Schema.Union(Schema.String, Schema.Array(Schema.String).pipe(Schema.minItems(1))),
+  encoding_format: Schema.optionalWith(Schema.Literal("float", "base64"), { exact: true })
 })
+export type EmbeddingsRequest = typeof EmbeddingsRequest.Type
 const decode = Schema.decodeUnknownEither(EmbeddingsRequest)
+
+const FIELD_MESSAGES: Record<string, string> = {
+  model: `model 은 ${MODEL_CHARS}자 이하의 문자열이어야 합니다.`,
+  input: "input 은 문자열 또는 문자열 배열(1개 이상)이어야 합니다.",
+  encoding_format: "encoding_format 은 float 또는 base64 여야 합니다."
+}
+
+/** Decodes a parsed embeddings body within `limits`, with Korean messages naming the field, never its value. */
+export const decodeEmbeddingsRequest = (
+  body: unknown,
+  limits: LimitsConfig
+): Either.Either<EmbeddingsRequest, GatewayError> => {
+  if (typeof body !== "object" || body === null || Array.isArray(body)) {
+    return Either.left(fail("invalid_request", { message: NOT_AN_OBJECT }))
+  }
+  const input = (body as { readonly input?: unknown }).input
+  if (Array.isArray(input)) {
+    const first: unknown = input[0]
+    if (typeof first === "number" || Array.isArray(first)) {
+      return Either.left(fail("invalid_request", {
+        message: "토큰 배열 입력은 지원하지 않습니다. input 은 문자열 또는 문자열 배열이어야 합니다."
+      }))
+    }
+    if (input.length > limits.embedding_inputs) {
+      return Either.left(fail("invalid_request", { message: `input 은 최대 ${limits.embedding_inputs}개까지 허용됩니다.` }))
+    }
+  }
+  const result = decode(body)
+  if (Either.isLeft(result)) {
+    return Either.left(fail("invalid_request", { message: describeDecodeFailure(result.left, FIELD_MESSAGES).message }))
+  }
+  const req = result.right
+  if (typeof req.input === "string") {
+    if (req.input.length > limits.text_chars) return Either.left(tooLong("invalid_request", ["input"], limits.text_chars))
+  } else {
+    for (let i = 0; i < req.input.length; i++) {
+      if (req.input[i]!.length > limits.text_chars) {
+        return Either.left(tooLong("invalid_request", ["input", i], limits.text_chars))
+      }
+    }
+  }
+  return Either.right(req)
+}
+
+/** `encoding_format: "base64"`: the vector as little-endian float32, base64-encoded (what the openai SDK decodes). */
+export const toBase64Float32 = (vector: ReadonlyArray<number>): string => {
+  const bytes = Buffer.allocUnsafe(vector.length * 4)
+  for (let i = 0; i < vector.length; i++) bytes.writeFloatLE(vector[i]!, i * 4)
+  return bytes.toString("base64")
+}
 
 /** Pads or truncates to exactly 1024 dimensions, then re-normalizes. */
 const fit = (vector: ReadonlyArray<number>): Array<number> => {
@@ -43,16 +100,19 @@ export const embeddings = HttpRouter.post(
       renderInference,
       Effect.gen(function*() {
         const caller = yield* auth.authenticateKey(request.headers.authorization)
+        yield* guardFailures(caller)
         const exchange = new Exchange(caller, yield* log.nextId, yield* FiberRef.get(currentRequestId), log)
         const run = Effect.gen(function*() {
           yield* auth.gate(caller, headersOf(request))
-          const body = yield* parseBody(yield* request.text.pipe(Effect.mapError(() => fail("invalid_json"))))
-          const req = yield* Either.mapLeft(decode(body), () =>
-            fail("invalid_request", { message: "model(문자열)과 input(문자열 또는 문자열 배열)이 필요합니다." }))
-          exchange.modelId = req.model
+          const limits = settings.config.limits
+          exchange.modelId = UNKNOWN_MODEL_ID
+          const body = yield* readJsonBody(yield* readText(request), limits.json_depth)
+          exchange.modelId = modelIdOfBody(body)
+          const req = yield* decodeEmbeddingsRequest(body, limits)
           const model = catalog.current().byId.get(req.model)
           if (!model || model.disabled) return yield* Effect.fail(fail("model_not_found"))
           if (!model.supports_embeddings) return yield* Effect.fail(fail("model_not_embedding"))
+          exchange.modelId = model.id
           const inputs = typeof req.input === "string" ? [req.input] : req.input
           const bytes = inputs.reduce((n, s) => n + Buffer.byteLength(s), 0)
           const { exceeds, tokens } = yield* exceedsLimit({ bytes, images: 0, texts: inputs }, model.max_input_tokens)
@@ -73,7 +133,11 @@ export const embeddings = HttpRouter.post(
           yield* exchange.finish({ status: "success" })
           return json({
             object: "list",
-            data: result.vectors.map((v, index) => ({ object: "embedding", index, embedding: fit(v) })),
+            data: result.vectors.map((v, index) => ({
+              object: "embedding",
+              index,
+              embedding: req.encoding_format === "base64" ? toBase64Float32(fit(v)) : fit(v)
+            })),
             model: req.model,
             usage: { prompt_tokens: result.prompt_tokens, total_tokens: result.prompt_tokens }
           }, 200, { "x-request-id": String(exchange.rowId) })

@@ -1,6 +1,6 @@
-import { Clock, Context, DefaultServices, Duration, Effect, Runtime, Scope } from "effect"
+import { Cause, Clock, Context, DefaultServices, Duration, Effect, Exit, FiberId, Option, Runtime, Scope } from "effect"
 import { Readable } from "node:stream"
-import type { UpstreamCall, UpstreamError, UpstreamEvent, UpstreamSink } from "../upstream/Upstream.js"
+import { type UpstreamCall, UpstreamError, type UpstreamEvent, type UpstreamSink } from "../upstream/Upstream.js"
 
 export const PING_INTERVAL = Duration.seconds(8)
 export const PING_FRAME = ": ping\n\n"
@@ -55,19 +55,37 @@ export interface SseHandlers {
   readonly failed: (error: UpstreamError) => Effect.Effect<void>
   /** The client went away or the body was dropped before the end. */
   readonly cancelled: Effect.Effect<void>
+  /** The first upstream events are being written (time to first token). */
+  readonly started?: () => void
 }
+
+/**
+ * Internal timing knobs of streams. `firstEventWait`: how long a stream waits for the upstream's first event
+ * before committing to the stream (spec Events 5 and 7). Defaults to the ping interval; tests shorten it.
+ */
+export const streamTiming: { firstEventWait: Duration.DurationInput } = { firstEventWait: PING_INTERVAL }
+
+type Opened = Exit.Exit<UpstreamCall, UpstreamError>
 
 /**
  * The SSE body as a Node Readable fed directly by the upstream call's callbacks: no Effect Stream per
  * chunk. Back-pressure: when the socket buffer is full `onEvents` returns false and the upstream read
  * pauses until the client drains (`_read` resumes it). Pings go out after 8 s without a frame.
+ *
+ * The first upstream event is awaited for at most `firstEventWait` (on the Effect clock):
+ * - it arrives in time: the body starts with `head` and the first frames; a failure before it fails this
+ *   effect, so the caller still answers with a JSON error and its status (Event 7);
+ * - it does not: the body is returned at once (the caller sends the 200 headers) starting with `: ping`,
+ *   pinged every 8 s while idle (Event 5); `head` and the frames follow when the events come, and a
+ *   failure before them goes to `handlers.failed` and cuts the connection without `[DONE]`.
  */
-export const sseBody = <E>(
+export const sseBody = (
   runtime: Runtime.Runtime<never>,
   scope: Scope.Scope,
-  open: (sink: UpstreamSink) => Effect.Effect<UpstreamCall, E>,
+  open: (sink: UpstreamSink) => Effect.Effect<UpstreamCall, UpstreamError>,
   head: string,
-  handlers: SseHandlers
+  handlers: SseHandlers,
+  firstEventWait: Duration.DurationInput = streamTiming.firstEventWait
 ) =>
   Effect.gen(function*() {
     let call: UpstreamCall | null = null
@@ -78,6 +96,8 @@ export const sseBody = <E>(
     const cut = () => setImmediate(() => body.destroy(cutWhenDrained!))
     let touch = () => {}
     const run = <A>(effect: Effect.Effect<A>) => Runtime.runFork(runtime)(effect)
+    /** Interrupts the opening of the upstream call, until it has opened. */
+    let cancelOpening: (() => void) | null = null
 
     const body = new Readable({
       highWaterMark: 16 * 1024,
@@ -92,15 +112,37 @@ export const sseBody = <E>(
         if (!done) {
           done = true
           call?.abort()
+          cancelOpening?.()
           run(handlers.cancelled)
         }
         callback(error)
       }
     })
 
+    const ping = () => void (!done && body.push(PING_FRAME))
+
     const write = (text: string): boolean => {
       touch()
       return body.push(text)
+    }
+
+    const fail = (error: UpstreamError) => {
+      if (done) return
+      done = true
+      run(handlers.failed(error).pipe(Effect.ensuring(Effect.sync(() => {
+        cutWhenDrained = new Error(error.detail)
+        if (body.readableLength === 0) return cut()
+        // Frames (or a ping) still queued: cut once the consumer has taken them. `_read` may not be called
+        // again (a read may be pending already), but every chunk taken emits `data`; listening does not
+        // change the mode of a body that has a consumer.
+        if (body.readableFlowing === null) return
+        const taken = () => {
+          if (body.readableLength > 0) return
+          body.off("data", taken)
+          cut()
+        }
+        body.on("data", taken)
+      }))))
     }
 
     const sink: UpstreamSink = {
@@ -120,28 +162,116 @@ export const sseBody = <E>(
           })
         )))
       },
-      onError: (error) => {
-        if (done) return
-        done = true
-        run(handlers.failed(error).pipe(Effect.ensuring(Effect.sync(() => {
-          cutWhenDrained = new Error(error.detail)
-          if (body.readableLength === 0) cut()
-        }))))
-      }
+      onError: fail
     }
 
-    // The call is owned by `scope` from the moment it resolves, so an interruption cannot leak it.
-    call = yield* Effect.uninterruptibleMask((restore) =>
-      restore(open(sink)).pipe(Effect.tap((c) => Scope.addFinalizer(scope, Effect.sync(c.abort))))
+    /** The call is open: writes the head and its first events; the rest flows once the consumer is ready. */
+    const begin = (opened: UpstreamCall) => {
+      call = opened
+      cancelOpening = null
+      handlers.started?.()
+      if (write(head + handlers.frames(opened.first))) {
+        queueMicrotask(() => {
+          if (!done && !waiting) opened.resume()
+        })
+      } else waiting = true
+    }
+
+    // Opening runs in a fiber of its own (on this request's runtime: same clock and services) so that the
+    // wait can give up on it without interrupting it; `scope` closing interrupts it. (A root fiber observed
+    // by a callback, as `Runtime.runCallback` does: a fraction of the cost of `forkIn` + join.) The call is
+    // owned by `scope` from the moment it resolves, so an interruption cannot leak it.
+    let outcome: Opened | null = null
+    let onOutcome: ((exit: Opened) => void) | null = null
+    const opening = Runtime.runFork(runtime)(
+      Effect.uninterruptibleMask((restore) =>
+        restore(open(sink)).pipe(Effect.tap((c) => Scope.addFinalizer(scope, Effect.sync(c.abort))))
+      )
     )
-    const pinger = yield* idlePinger(PING_INTERVAL, () => void (!done && body.push(PING_FRAME)), scope)
-    touch = pinger.touch
-    // Everything after `first` flows once the consumer is ready: now, or from `read()` on back-pressure.
-    if (write(head + handlers.frames(call.first))) {
-      const ready = call
-      queueMicrotask(() => {
-        if (!done && !waiting) ready.resume()
-      })
-    } else waiting = true
+    opening.addObserver((exit) => {
+      outcome = exit
+      onOutcome?.(exit)
+    })
+    const interruptOpening = () => {
+      if (outcome === null) opening.unsafeInterruptAsFork(FiberId.none)
+    }
+    cancelOpening = interruptOpening
+    yield* Scope.addFinalizer(scope, Effect.sync(interruptOpening))
+
+    const early = yield* awaitAtMost<Opened>(
+      firstEventWait,
+      (resume) => {
+        if (outcome !== null) return resume(outcome)
+        onOutcome = resume
+      },
+      () => void (onOutcome = null)
+    )
+    // An outcome that came just as the wait ran out is still in time.
+    const inTime = early ?? (outcome as Opened | null)
+    if (inTime !== null) {
+      // As if there had been no wait: a failure here is still a JSON error.
+      const opened = yield* inTime
+      touch = (yield* idlePinger(PING_INTERVAL, ping, scope)).touch
+      begin(opened)
+      return body
+    }
+
+    // Committed: the 200 headers go out with this body.
+    touch = (yield* idlePinger(PING_INTERVAL, ping, scope)).touch
+    write(PING_FRAME)
+    const committed = (exit: Opened) => {
+      if (done) {
+        if (Exit.isSuccess(exit)) exit.value.abort()
+        return
+      }
+      if (Exit.isSuccess(exit)) return begin(exit.value)
+      cancelOpening = null
+      const failure = Cause.failureOption(exit.cause)
+      if (Option.isSome(failure)) return fail(failure.value)
+      // Interrupted (the request's scope closed) or a defect: end the body; the request is already settled
+      // (interruption) or is settled as failed here (defect).
+      if (Cause.isInterruptedOnly(exit.cause)) {
+        done = true
+        return void body.destroy(new Error("stream interrupted"))
+      }
+      fail(new UpstreamError({ kind: "protocol", detail: `opening the stream failed: ${Cause.pretty(exit.cause)}` }))
+    }
+    // The outcome may have come while the pinger was being set up.
+    if (outcome !== null) committed(outcome)
+    else onOutcome = committed
     return body
+  })
+
+/**
+ * Waits for `register`'s callback at most `wait` on the Effect clock: the value, or null when the time ran out.
+ * On the live clock a plain timer; on any other clock (TestClock) `Effect.timeout`.
+ */
+const awaitAtMost = <A>(
+  wait: Duration.DurationInput,
+  register: (resume: (value: A) => void) => void,
+  unregister: () => void
+): Effect.Effect<A | null> =>
+  Effect.clockWith((clock) => {
+    if (clock === liveClock) {
+      return Effect.async<A | null>((resume) => {
+        const timer = setTimeout(() => {
+          unregister()
+          resume(Effect.succeed(null))
+        }, Duration.toMillis(wait))
+        timer.unref()
+        register((value) => {
+          clearTimeout(timer)
+          resume(Effect.succeed(value))
+        })
+        return Effect.sync(() => {
+          clearTimeout(timer)
+          unregister()
+        })
+      })
+    }
+    const waitFor = Effect.async<A>((resume) => {
+      register((value) => resume(Effect.succeed(value)))
+      return Effect.sync(unregister)
+    })
+    return Effect.timeoutTo(waitFor, { duration: wait, onSuccess: (a): A | null => a, onTimeout: () => null })
   })

@@ -5,13 +5,13 @@ import * as Path from "node:path"
 /**
  * PGlite does not lock its data folder: a second process opening it corrupts it. The embedded store
  * therefore takes `<data_dir>/embedded.lock` (exclusive create) for as long as it runs, and records the
- * loopback port of its pglite-socket there, so the operator CLI can attach to a running gateway
+ * Unix socket path of its pglite-socket there, so the operator CLI can attach to a running gateway
  * instead of opening the folder a second time.
  */
 export interface EmbeddedOwner {
   readonly pid: number
-  /** Loopback port of the pglite-socket server; null while starting. */
-  readonly port: number | null
+  /** Unix socket of the pglite-socket server; null while starting. */
+  readonly socket: string | null
 }
 
 export const lockFile = (dataDir: string): string => Path.resolve(dataDir, "embedded.lock")
@@ -27,9 +27,9 @@ const alive = (pid: number): boolean => {
 
 const readLock = (file: string): EmbeddedOwner | null => {
   try {
-    const parsed = JSON.parse(Fs.readFileSync(file, "utf8")) as { pid?: unknown; port?: unknown }
+    const parsed = JSON.parse(Fs.readFileSync(file, "utf8")) as { pid?: unknown; socket?: unknown }
     if (typeof parsed.pid !== "number") return null
-    return { pid: parsed.pid, port: typeof parsed.port === "number" ? parsed.port : null }
+    return { pid: parsed.pid, socket: typeof parsed.socket === "string" ? parsed.socket : null }
   } catch {
     return null
   }
@@ -58,7 +58,7 @@ const tryCreate = (file: string, body: string): boolean => {
 /** Takes the lock or throws EmbeddedLockError naming the holder. A stale lock (dead pid) is replaced. */
 export const acquireSync = (dataDir: string): void => {
   const file = lockFile(dataDir)
-  const body = JSON.stringify({ pid: process.pid, port: null })
+  const body = JSON.stringify({ pid: process.pid, socket: null })
   if (tryCreate(file, body)) return
   const owner = readLock(file)
   if (owner && alive(owner.pid)) {
@@ -72,10 +72,11 @@ export const acquireSync = (dataDir: string): void => {
   if (!tryCreate(file, body)) throw new EmbeddedLockError(`another process took ${file} at the same time`)
 }
 
-export const publishPort = (dataDir: string, port: number): void => {
+export const publishSocket = (dataDir: string, socket: string): void => {
   const file = lockFile(dataDir)
   const tmp = `${file}.${process.pid}.tmp`
-  Fs.writeFileSync(tmp, JSON.stringify({ pid: process.pid, port }), { mode: 0o600 })
+  Fs.rmSync(tmp, { force: true })
+  Fs.writeFileSync(tmp, JSON.stringify({ pid: process.pid, socket }), { mode: 0o600 })
   Fs.renameSync(tmp, file)
 }
 

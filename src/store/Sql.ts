@@ -2,6 +2,7 @@ import { Migrator, SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { Data, Duration, Effect, Layer, Redacted } from "effect"
 import * as Fs from "node:fs"
+import * as Os from "node:os"
 import * as Path from "node:path"
 import * as EmbeddedLock from "./EmbeddedLock.js"
 import migration0001 from "./migrations/0001_init.js"
@@ -69,15 +70,60 @@ export const layerPostgres = (url: Redacted.Redacted<string>, maxConnections = 1
     })
   ))
 
+/** Name of the socket file in its folder, as libpq and `pg` derive it from `host` (a folder) and the port. */
+const SOCKET_PORT = 5432
+const SOCKET_NAME = `.s.PGSQL.${SOCKET_PORT}`
+/** Longest socket path the OS accepts (sun_path: 108 bytes on Linux, 104 on macOS, with the NUL). */
+const MAX_SOCKET_PATH = 103
+
 /**
- * Embedded mode: PGlite with its data under `dataDir/pglite`, served on a loopback port by
- * pglite-socket and reached through the same PgClient as production.
+ * Removes group and other permission bits from `root` and everything under it (data folders created by
+ * older versions were 0755 with 0644/0666 files). Symbolic links are left alone, never followed.
+ */
+export const makePrivate = (root: string): void => {
+  const walk = (path: string) => {
+    const stat = Fs.lstatSync(path, { throwIfNoEntry: false })
+    if (!stat || stat.isSymbolicLink()) return
+    if ((stat.mode & 0o077) !== 0) Fs.chmodSync(path, stat.mode & 0o700)
+    if (stat.isDirectory()) for (const name of Fs.readdirSync(path)) walk(Path.join(path, name))
+  }
+  walk(root)
+}
+
+/**
+ * Creates the data folder (0700) if needed and makes it private: the folder itself (which alone keeps other
+ * users out of everything in it) and the gateway's files in it. The database folder is walked once it is open
+ * (`layerEmbedded`). Anything else an operator put in the folder keeps its modes.
+ */
+export const ensurePrivateDataDir = (dataDir: string): void => {
+  Fs.mkdirSync(dataDir, { recursive: true, mode: 0o700 })
+  Fs.chmodSync(dataDir, 0o700)
+  for (const name of ["encryption.key", "embedded.lock"]) makePrivate(Path.join(dataDir, name))
+}
+
+/**
+ * Where the embedded database's Unix socket goes: inside the data folder, or, when that path is too long for
+ * a socket address, inside a fresh private (0700) temporary folder.
+ */
+const socketFolder = (dataDir: string): { readonly dir: string; readonly temporary: boolean } => {
+  const dir = Path.resolve(dataDir)
+  if (Buffer.byteLength(Path.join(dir, SOCKET_NAME)) <= MAX_SOCKET_PATH) return { dir, temporary: false }
+  return { dir: Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-")), temporary: true }
+}
+
+/**
+ * Embedded mode: PGlite with its data under `dataDir/pglite`, served by pglite-socket on a Unix socket in the
+ * private data folder (never a TCP port: the server trusts every client) and reached through the same PgClient
+ * as production. The data folder and everything in it is owner-only (0700 folders, 0600 files).
  */
 export const layerEmbedded = (dataDir: string) =>
   Layer.unwrapScoped(Effect.gen(function*() {
     const dir = Path.resolve(dataDir, "pglite")
     yield* Effect.try({
-      try: () => Fs.mkdirSync(dir, { recursive: true }),
+      try: () => {
+        ensurePrivateDataDir(Path.resolve(dataDir))
+        Fs.mkdirSync(dir, { recursive: true, mode: 0o700 })
+      },
       catch: (cause) => new StoreError({ message: `cannot create data folder ${dir}`, cause })
     })
     // PGlite does not lock its folder; a second process would corrupt it.
@@ -94,27 +140,52 @@ export const layerEmbedded = (dataDir: string) =>
       }),
       (db) => Effect.promise(() => db.close()).pipe(Effect.ignore)
     )
-    const server = new PGLiteSocketServer({ db, host: "127.0.0.1", port: 0, maxConnections: 8 })
+    // Files of older versions, and those PGlite created without a restrictive umask (tests, embedders).
+    yield* Effect.sync(() => makePrivate(dir))
+    const folder = yield* Effect.acquireRelease(
+      Effect.try({
+        try: () => {
+          const folder = socketFolder(dataDir)
+          // A socket file left by a process that died: we hold the folder's lock, so it is not in use.
+          Fs.rmSync(Path.join(folder.dir, SOCKET_NAME), { force: true })
+          return folder
+        },
+        catch: (cause) => new StoreError({ message: "cannot prepare the embedded database socket", cause })
+      }),
+      (folder) =>
+        Effect.try(() =>
+          Fs.rmSync(folder.temporary ? folder.dir : Path.join(folder.dir, SOCKET_NAME), { recursive: true, force: true })
+        ).pipe(Effect.ignore)
+    )
+    const socketPath = Path.join(folder.dir, SOCKET_NAME)
+    const server = new PGLiteSocketServer({ db, path: socketPath, maxConnections: 8 })
     yield* Effect.acquireRelease(
       Effect.tryPromise({
         try: () => server.start(),
-        catch: (cause) => new StoreError({ message: "cannot start embedded database socket", cause })
+        catch: (cause) => new StoreError({ message: `cannot start embedded database socket ${socketPath}`, cause })
       }),
       () => Effect.promise(() => server.stop()).pipe(Effect.ignore)
     )
-    const port = Number(server.getServerConn().split(":").pop())
+    yield* Effect.try({
+      try: () => Fs.chmodSync(socketPath, 0o600),
+      catch: (cause) => new StoreError({ message: `cannot restrict embedded database socket ${socketPath}`, cause })
+    })
     // Lets the operator CLI attach to this process instead of opening the folder itself.
-    EmbeddedLock.publishPort(dataDir, port)
-    return layerLoopback(port)
+    EmbeddedLock.publishSocket(dataDir, socketPath)
+    return layerSocket(socketPath)
   }))
 
-/** PgClient for a pglite-socket on a loopback port: our own embedded store, or a running gateway's (CLI). */
-export const layerLoopback = (port: number, maxConnections = 1) =>
-  Layer.unwrapEffect(
+/**
+ * PgClient for a pglite-socket on a Unix socket: our own embedded store, or a running gateway's (CLI).
+ * `pg` connects to `<host>/.s.PGSQL.<port>` when `host` is a folder.
+ */
+export const layerSocket = (socketPath: string, maxConnections = 1) => {
+  const match = /^\.s\.PGSQL\.(\d+)$/.exec(Path.basename(socketPath))
+  return Layer.unwrapEffect(
     Effect.promise(pgTypes).pipe(Effect.map((types) =>
       PgClient.layer({
-        host: "127.0.0.1",
-        port,
+        host: Path.dirname(Path.resolve(socketPath)),
+        port: match ? Number(match[1]) : SOCKET_PORT,
         username: "postgres",
         database: "postgres",
         maxConnections,
@@ -123,6 +194,7 @@ export const layerLoopback = (port: number, maxConnections = 1) =>
       })
     ))
   )
+}
 
 /**
  * `NOTIFY channel, payload` with the payload bound as a parameter. `PgClient.notify` of sql-pg 0.53 sends
@@ -131,11 +203,32 @@ export const layerLoopback = (port: number, maxConnections = 1) =>
 export const notify = (sql: SqlClient.SqlClient, channel: string, payload: string) =>
   sql`SELECT pg_notify(${channel}, ${payload})`.pipe(Effect.asVoid)
 
+/** Advisory lock key under which migrations run on PostgreSQL (any constant; "wsmg" in ASCII). */
+export const MIGRATION_LOCK_KEY = 0x77736d67
+
+/**
+ * Migrations with every other replica kept out: the migrator's own check-then-create of its table is not atomic,
+ * so two replicas starting on an empty database could both try to create it. A session-level advisory lock,
+ * held on one reserved connection while the migrator runs on others, serializes them; the second replica then
+ * finds everything applied. A replica that dies while holding it releases it with its session.
+ */
+export const runMigrationsLocked = Effect.scoped(Effect.gen(function*() {
+  const sql = yield* SqlClient.SqlClient
+  const holder = yield* sql.reserve
+  yield* Effect.acquireRelease(
+    holder.execute("SELECT pg_advisory_lock($1)", [MIGRATION_LOCK_KEY], undefined),
+    () => holder.execute("SELECT pg_advisory_unlock($1)", [MIGRATION_LOCK_KEY], undefined).pipe(Effect.ignore)
+  )
+  return yield* runMigrations
+}))
+
 /** SqlClient with migrations applied. */
 export const layerSql = (options: { readonly databaseUrl?: Redacted.Redacted<string> | undefined; readonly dataDir: string }) => {
   const client = options.databaseUrl ? layerPostgres(options.databaseUrl) : layerEmbedded(options.dataDir)
+  // PGlite needs no lock: one process holds its folder (EmbeddedLock).
+  const migrate = options.databaseUrl ? runMigrationsLocked : runMigrations
   const migrated = Layer.effectDiscard(
-    runMigrations.pipe(
+    migrate.pipe(
       Effect.mapError((cause) => new StoreError({ message: `database migration failed: ${String(cause)}`, cause }))
     )
   )

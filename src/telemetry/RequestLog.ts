@@ -33,14 +33,131 @@ const BLOCK = 1000
 /** Rows kept while the database is unreachable; beyond this the oldest are dropped (and logged). */
 const MAX_BUFFER = 200_000
 
+/** Longest text stored per column (characters); longer values are cut. */
+export const TEXT_LIMITS = {
+  request_id: 64,
+  account_id: 64,
+  model_id: 128,
+  error_code: 64,
+  tool_choice: 80,
+  provider: 64,
+  error: 500
+} as const
+
+const INT4_MAX = 2_147_483_647
+
+/** C0 controls and DEL; `error` keeps tab and newline. */
+const CONTROLS = /[\u0000-\u001f\u007f]/g
+const CONTROLS_BUT_SPACING = /[\u0000-\u0008\u000b-\u001f\u007f]/g
+/** A high surrogate without its low half, or a low one without its high half (not encodable as UTF-8). */
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g
+
+/**
+ * A text as a column can hold it: at most `max` characters (cut first, so the work is bounded whatever
+ * arrives), no NUL or other control characters, no lone surrogates.
+ */
+export const cleanText = (value: unknown, max: number, keepSpacing = false): string => {
+  let s = typeof value === "string" ? value : value === null || value === undefined ? "" : String(value)
+  if (s.length > max) {
+    s = s.slice(0, max)
+    // Do not leave half of a surrogate pair at the cut.
+    const last = s.charCodeAt(s.length - 1)
+    if (last >= 0xd800 && last <= 0xdbff) s = s.slice(0, -1)
+  }
+  return s.replace(keepSpacing ? CONTROLS_BUT_SPACING : CONTROLS, "").replace(LONE_SURROGATE, "\ufffd")
+}
+
+const cleanNullableText = (value: unknown, max: number, keepSpacing = false): string | null =>
+  value === null || value === undefined ? null : cleanText(value, max, keepSpacing)
+
+/** A non-negative `integer` (int4) column value: rounded, clamped, 0 when not a finite number. */
+const int4 = (value: unknown): number =>
+  typeof value === "number" && Number.isFinite(value) ? Math.min(INT4_MAX, Math.max(0, Math.round(value))) : 0
+
+const nullableInt4 = (value: unknown): number | null => (value === null || value === undefined ? null : int4(value))
+
+/** A `double precision` column value: finite, else 0. */
+const float8 = (value: unknown): number => (typeof value === "number" && Number.isFinite(value) ? value : 0)
+
+/** A `bigint` id: a positive safe integer, else null. */
+const bigintId = (value: unknown): number | null =>
+  typeof value === "number" && Number.isSafeInteger(value) && value > 0 ? value : null
+
+const STATUSES: ReadonlySet<string> = new Set(["success", "error", "cancelled"])
+
+/**
+ * The row as the `request_log` columns accept it (types in migrations/0001_init.ts): every text bounded and
+ * valid UTF-8, every integer in int4 range, every double finite. Null when the row has no usable id.
+ */
+export const sanitizeRow = (row: RequestRow): RequestRow | null => {
+  const id = bigintId(row.id)
+  if (id === null) return null
+  const createdAt = row.created_at instanceof Date && Number.isFinite(row.created_at.getTime())
+    ? row.created_at
+    : new Date()
+  const status = STATUSES.has(row.status) ? row.status : "error"
+  return {
+    id,
+    request_id: cleanText(row.request_id, TEXT_LIMITS.request_id),
+    account_id: cleanText(row.account_id, TEXT_LIMITS.account_id),
+    key_id: bigintId(row.key_id),
+    model_id: cleanText(row.model_id, TEXT_LIMITS.model_id),
+    status,
+    error_code: cleanNullableText(row.error_code, TEXT_LIMITS.error_code),
+    http_status: Math.min(999, int4(row.http_status)),
+    stream: row.stream === true,
+    input_tokens: int4(row.input_tokens),
+    output_tokens: int4(row.output_tokens),
+    reasoning_tokens: int4(row.reasoning_tokens),
+    prompt_cached_tokens: int4(row.prompt_cached_tokens),
+    weighted_cost: float8(row.weighted_cost),
+    ttfb_ms: nullableInt4(row.ttfb_ms),
+    duration_ms: int4(row.duration_ms),
+    tps: float8(row.tps),
+    had_tools: row.had_tools === true,
+    tool_choice: cleanNullableText(row.tool_choice, TEXT_LIMITS.tool_choice),
+    byok: row.byok === true,
+    provider: cleanNullableText(row.provider, TEXT_LIMITS.provider),
+    fell_back: row.fell_back === true,
+    error: cleanNullableText(row.error, TEXT_LIMITS.error, true),
+    created_at: createdAt
+  }
+}
+
+/** SQLSTATE of a database error in `error`'s cause chain; undefined for network errors (no server answer). */
+export const sqlState = (error: unknown): string | undefined => {
+  let current = error
+  for (let depth = 0; depth < 8 && current !== null && typeof current === "object"; depth++) {
+    const { code, severity } = current as { code?: unknown; severity?: unknown }
+    // pg's DatabaseError carries the server's severity; Node's socket errors (ECONNREFUSED, EPIPE) do not.
+    if (typeof code === "string" && typeof severity === "string" && /^[0-9A-Z]{5}$/.test(code)) return code
+    current = (current as { cause?: unknown }).cause
+  }
+  return undefined
+}
+
+/**
+ * True when the database refused the rows themselves (data exception, constraint, program limit such as an
+ * index row too large): retrying the same rows fails the same way. Anything else (unreachable, shutting down,
+ * too many connections, a missing table during a migration) may pass later.
+ */
+export const isRowRejection = (error: unknown): boolean => {
+  const state = sqlState(error)
+  if (state === undefined) return false
+  const cls = state.slice(0, 2)
+  return cls === "22" || cls === "23" || cls === "54"
+}
+
 export class RequestLog extends Context.Tag("wellspring/telemetry/RequestLog")<RequestLog, {
   /** Next request row id, without a database round trip (ids come in blocks of 1000). */
   readonly nextId: Effect.Effect<number>
-  /** Queues a row; written by the batch writer, never on the caller's path. */
+  /** Queues a row (bounded and cleaned first); written by the batch writer, never on the caller's path. */
   readonly record: (row: RequestRow) => void
-  /** Writes everything queued so far. */
+  /** Writes everything queued so far (rows the database rejects are dropped; see `dropped`). */
   readonly flush: Effect.Effect<void>
   readonly pending: () => number
+  /** Rows dropped since start: rejected by the database, unusable, or over the buffer while it was down. */
+  readonly dropped: () => number
 }>() {}
 
 export const make = Effect.gen(function*() {
@@ -80,9 +197,31 @@ export const make = Effect.gen(function*() {
   const nextId: Effect.Effect<number> = Effect.suspend(() => (next < end ? Effect.succeed(next++) : nextBlock))
 
   let buffer: Array<RequestRow> = []
+  let droppedRows = 0
 
-  const writeBatch = (rows: ReadonlyArray<RequestRow>) =>
+  const insert = (rows: ReadonlyArray<RequestRow>) =>
     sql`INSERT INTO request_log ${sql.insert(rows as unknown as Array<Record<string, unknown>>)} ON CONFLICT (id) DO NOTHING`.pipe(Effect.asVoid)
+
+  /**
+   * Writes the rows; when the database rejects the batch for its data, the batch is halved until each bad row
+   * stands alone, and those rows go to `rejected` (a few extra inserts per bad row, never a retry loop).
+   * Any other failure (database unreachable) fails, and the caller keeps the rows for the next attempt.
+   */
+  const insertOrSplit = (
+    rows: ReadonlyArray<RequestRow>,
+    rejected: Array<{ readonly id: number; readonly state: string }>
+  ): Effect.Effect<void, unknown> =>
+    insert(rows).pipe(Effect.catchAll((error) => {
+      if (!isRowRejection(error)) return Effect.fail(error)
+      if (rows.length === 1) {
+        rejected.push({ id: rows[0]!.id, state: sqlState(error)! })
+        return Effect.void
+      }
+      const half = rows.length >>> 1
+      return insertOrSplit(rows.slice(0, half), rejected).pipe(
+        Effect.zipRight(insertOrSplit(rows.slice(half), rejected))
+      )
+    }))
 
   // Flushes run one at a time, so a flush also waits for a batch another flush is writing
   // ("everything queued so far" is in the database when it returns).
@@ -91,22 +230,39 @@ export const make = Effect.gen(function*() {
   const flushOnce = Effect.suspend(() => {
     if (buffer.length === 0) return Effect.void
     const rows = buffer.splice(0, batch_size)
+    const rejected: Array<{ readonly id: number; readonly state: string }> = []
+    const reportRejected = Effect.suspend(() => {
+      if (rejected.length === 0) return Effect.void
+      droppedRows += rejected.length
+      // Once per batch: how many, which ids, and the database's reasons (never the row contents).
+      return Effect.logError(`request rows dropped: ${rejected.length} rejected by the database`).pipe(
+        Effect.annotateLogs({
+          ids: rejected.slice(0, 20).map((r) => r.id).join(","),
+          sqlstates: [...new Set(rejected.map((r) => r.state))].join(",")
+        })
+      )
+    })
     const putBack = Effect.suspend(() => {
-      // Keep the rows for the next attempt; past the bound the oldest go, and the log says how many.
-      buffer = rows.concat(buffer)
+      // Keep the rows not known to be bad for the next attempt (rows already written are skipped then by
+      // ON CONFLICT); past the bound the oldest go, and the log says how many.
+      const bad = new Set(rejected.map((r) => r.id))
+      buffer = (bad.size === 0 ? rows : rows.filter((r) => !bad.has(r.id))).concat(buffer)
       const over = buffer.length - MAX_BUFFER
       if (over <= 0) return Effect.void
       buffer.splice(0, over)
+      droppedRows += over
       return Effect.logError(`request rows dropped: ${over} (database unreachable, buffer full)`)
     })
-    return writeBatch(rows).pipe(
-      Effect.onInterrupt(() => putBack),
+    return insertOrSplit(rows, rejected).pipe(
+      Effect.onInterrupt(() => Effect.zipRight(reportRejected, putBack)),
       Effect.catchAll((error) =>
-        putBack.pipe(
+        reportRejected.pipe(
+          Effect.zipRight(putBack),
           Effect.zipRight(Effect.logWarning("request rows not written; will retry", error)),
           Effect.zipRight(Effect.fail(error))
         )
-      )
+      ),
+      Effect.zipRight(reportRejected)
     )
   })
   const flushAll: Effect.Effect<void, unknown> = Effect.suspend(() =>
@@ -115,15 +271,25 @@ export const make = Effect.gen(function*() {
   const flush: Effect.Effect<void> = writing.withPermits(1)(flushAll).pipe(Effect.catchAll(() => Effect.void))
 
   yield* flush.pipe(Effect.repeat(Schedule.spaced(Duration.millis(flush_ms))), Effect.forkScoped)
-  yield* Effect.addFinalizer(() => flush)
+  // On shutdown (after the HTTP server has stopped) whatever is queued is written; what cannot be is reported.
+  yield* Effect.addFinalizer(() =>
+    flush.pipe(Effect.zipRight(Effect.suspend(() =>
+      buffer.length === 0
+        ? Effect.void
+        : Effect.logError(`request rows lost at shutdown: ${buffer.length} (database unreachable)`)
+    )))
+  )
 
   return RequestLog.of({
     nextId,
     record: (row) => {
-      buffer.push(row)
+      const clean = sanitizeRow(row)
+      if (clean === null) droppedRows++
+      else buffer.push(clean)
     },
     flush,
-    pending: () => buffer.length
+    pending: () => buffer.length,
+    dropped: () => droppedRows
   })
 })
 

@@ -81,7 +81,9 @@ export type UpstreamEvent =
  * - `connect`: could not connect (503 service_unavailable)
  * - `timeout`: connect / first token / idle / total timeout (503 upstream_timeout)
  * - `rate_limited`: upstream answered 429 (503 upstream_rate_limited, retryable)
- * - `status`: upstream answered another non-2xx (5xx -> 500 upstream_error; 4xx -> 500 upstream_rejected)
+ * - `status`: upstream answered another non-2xx (mapped in src/inference/UpstreamErrors.ts: a context-length
+ *   refusal -> 400 input_too_long, other 400/404/409/413/422 -> 400 upstream_rejected, 401/403 -> 500
+ *   upstream_error that SDKs must not retry, 5xx -> 500 upstream_error)
  * - `protocol`: unparseable answer (500 upstream_error)
  */
 export class UpstreamError extends Data.TaggedError("UpstreamError")<{

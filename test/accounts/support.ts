@@ -128,6 +128,7 @@ export interface CallOptions {
   readonly session?: string
   /** An object is sent as JSON; a string is sent verbatim. */
   readonly body?: unknown
+  /** With `session`, a mutation gets the dashboard's `Origin` and a JSON content type unless given here. */
   readonly headers?: Record<string, string>
 }
 
@@ -139,6 +140,12 @@ export const call = async (gw: TestGateway, method: string, path: string, option
   if (options.body !== undefined) {
     body = typeof options.body === "string" ? options.body : JSON.stringify(options.body)
     headers["content-type"] = "application/json"
+  }
+  if (options.session !== undefined && !["GET", "HEAD"].includes(method)) {
+    // What the dashboard's own page sends (SameOrigin.ts): its origin and a JSON type, unless a test says otherwise.
+    const given = new Set(Object.keys(headers).map((name) => name.toLowerCase()))
+    if (!given.has("origin") && !given.has("sec-fetch-site")) headers.origin = gw.url
+    if (!given.has("content-type")) headers["content-type"] = "application/json"
   }
   const res = await fetch(`${gw.url}${path}`, { method, headers, ...(body !== undefined ? { body } : {}) })
   const text = await res.text()

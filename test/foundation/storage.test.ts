@@ -297,7 +297,9 @@ describe("embedded data folder lock", () => {
       const first = ManagedRuntime.make(Sql.layerSql({ dataDir: dir }) as Layer.Layer<SqlClient.SqlClient, unknown>)
       await first.runPromise(Effect.void)
       const owner = EmbeddedLock.currentOwner(dir)
-      expect(owner).toEqual({ pid: process.pid, port: expect.any(Number) })
+      // The lock names the Unix socket in the data folder (there is no TCP port).
+      expect(owner).toEqual({ pid: process.pid, socket: Path.join(Path.resolve(dir), ".s.PGSQL.5432") })
+      expect(Fs.statSync(owner!.socket!).isSocket()).toBe(true)
 
       const second = ManagedRuntime.make(Sql.layerSql({ dataDir: dir }) as Layer.Layer<SqlClient.SqlClient, unknown>)
       const exit = await second.runPromiseExit(Effect.void)
@@ -310,7 +312,7 @@ describe("embedded data folder lock", () => {
       expect(Fs.existsSync(EmbeddedLock.lockFile(dir))).toBe(false)
 
       // A stale lock (its process is gone) does not block.
-      Fs.writeFileSync(EmbeddedLock.lockFile(dir), JSON.stringify({ pid: 2 ** 22 + 12345, port: 1 }))
+      Fs.writeFileSync(EmbeddedLock.lockFile(dir), JSON.stringify({ pid: 2 ** 22 + 12345, socket: "/nowhere" }))
       expect(EmbeddedLock.currentOwner(dir)).toBeNull()
       const third = ManagedRuntime.make(Sql.layerSql({ dataDir: dir }) as Layer.Layer<SqlClient.SqlClient, unknown>)
       const rows = await third.runPromise(Effect.flatMap(SqlClient.SqlClient, (s) => s`SELECT count(*)::int AS n FROM accounts`).pipe(Effect.orDie))

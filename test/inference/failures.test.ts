@@ -88,10 +88,10 @@ describe("chat failures", () => {
       expect(charges()).toEqual({ ...before, admitted: before.admitted + 1, refunded: before.refunded + 1 })
     })
 
-    it("upstream 400 -> 500 upstream_rejected", async () => {
+    it("upstream 400 -> 400 upstream_rejected (a deterministic refusal SDKs do not retry)", async () => {
       mock.script(Behaviour.status(400, { error: { message: "bad param" } }))
       const res = await postChat(gw, { model: "ws-mock", messages: hi })
-      await expectError(res, 500, "upstream_rejected", "server_error")
+      await expectError(res, 400, "upstream_rejected", "invalid_request_error")
     })
 
     it.each([false, true])("upstream 429 -> 503 upstream_rate_limited with Retry-After (stream: %s)", async (stream) => {

@@ -3,7 +3,7 @@ import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
-import { appLayer, type AppOptions, bootstrapDevAccount } from "../../src/App.js"
+import { appLayer, type AppOptions, ensureDevAccount } from "../../src/App.js"
 import { loadConfig } from "../../src/config/GatewayConfig.js"
 import { BoundListeners } from "../../src/http/Server.js"
 
@@ -62,7 +62,7 @@ export const startGateway = async (options: GatewayOptions = {}): Promise<TestGa
     }
   })
   const runtime = ManagedRuntime.make(appLayer(config, path, options.admission ? { admission: options.admission } : {}))
-  const key = await runtime.runPromise(bootstrapDevAccount)
+  const key = await runtime.runPromise(ensureDevAccount)
   const { listeners } = await runtime.runPromise(BoundListeners)
   const port = listeners[0]!.port
   return {

@@ -83,7 +83,7 @@ const upstreamMessages = (messages: ReadonlyArray<Message>): ReadonlyArray<Messa
 
 const INCLUDE_USAGE = { include_usage: true } as const
 
-/** Only contract fields are forwarded. */
+/** Only contract fields are forwarded; the tool options only with a non-empty `tools`. */
 export const encodeChatRequest = (r: UpstreamRequest): string => {
   const body: Record<string, unknown> = { model: r.model, messages: upstreamMessages(r.messages), stream: r.stream }
   if (r.stream) body.stream_options = INCLUDE_USAGE
@@ -92,9 +92,12 @@ export const encodeChatRequest = (r: UpstreamRequest): string => {
   if (r.top_p !== undefined) body.top_p = r.top_p
   if (r.stop !== undefined) body.stop = r.stop
   if (r.reasoning_effort !== undefined) body.reasoning_effort = r.reasoning_effort
-  if (r.tools !== undefined) body.tools = r.tools
-  if (r.tool_choice !== undefined) body.tool_choice = r.tool_choice
-  if (r.parallel_tool_calls !== undefined) body.parallel_tool_calls = r.parallel_tool_calls
+  // OpenAI-compatible servers reject tool_choice / parallel_tool_calls without tools.
+  if (r.tools !== undefined && r.tools.length > 0) {
+    body.tools = r.tools
+    if (r.tool_choice !== undefined) body.tool_choice = r.tool_choice
+    if (r.parallel_tool_calls !== undefined) body.parallel_tool_calls = r.parallel_tool_calls
+  }
   return JSON.stringify(body)
 }
 
@@ -120,21 +123,32 @@ const transportError = (error: Error, gotHeaders: boolean, connectMs: number): U
     : new UpstreamError({ kind: "connect", detail: `could not get an answer (${what})` })
 }
 
-const statusError = (status: number, body: string): UpstreamError => {
-  let message = body.length > 500 ? body.slice(0, 500) + "..." : body
+/** Longest upstream error message kept in `UpstreamError.detail` (which is only ever logged). */
+const MAX_ERROR_MESSAGE = 500
+
+/**
+ * A non-2xx answer. The detail keeps the upstream's `error.code` / `error.type` (e.g.
+ * `context_length_exceeded`, which the gateway maps to `input_too_long`) and its message, bounded.
+ */
+export const statusError = (status: number, body: string): UpstreamError => {
+  let message = body
+  let code = ""
   try {
     const parsed = JSON.parse(body)
     const e = parsed?.error
     if (typeof e === "string") message = e
     else if (typeof e?.message === "string") message = e.message
     else if (typeof parsed?.message === "string") message = parsed.message
+    const tag = [e?.code, e?.type, parsed?.code, parsed?.type].find((t) => typeof t === "string" && t.length > 0)
+    if (tag !== undefined) code = ` (${String(tag).slice(0, 80)})`
   } catch {
     // not JSON: keep the text
   }
+  if (message.length > MAX_ERROR_MESSAGE) message = message.slice(0, MAX_ERROR_MESSAGE) + "..."
   return new UpstreamError({
     kind: status === 429 ? "rate_limited" : "status",
     status,
-    detail: `upstream answered ${status}${message ? `: ${message}` : ""}`
+    detail: `upstream answered ${status}${code}${message ? `: ${message}` : ""}`
   })
 }
 

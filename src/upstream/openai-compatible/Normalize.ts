@@ -4,16 +4,18 @@
  * tool call deltas become one `ToolCallStart` (once id and name are known) and `ToolCallArgs`
  * fragments, and `Finish` then `Usage` close the answer.
  */
-import { createHash, randomBytes } from "node:crypto"
+import { randomBytes } from "node:crypto"
 import type { FinishReason, UpstreamEvent, Usage } from "../Upstream.js"
 
 const CALL_ID = /^call_[0-9a-f]{32}$/
 
-/** Keeps ids already in the `call_` + 32 hex form; derives the others from a hash of the upstream id. */
+/**
+ * Keeps an id already in the `call_` + 32 hex form; any other (or none) becomes a fresh random one. Never
+ * derived from the upstream id: upstreams that number their calls (`0`, `call_1`) would give every request
+ * the same id. Called once per call, so every frame of a stream refers to the call by its index.
+ */
 export const normalizeToolCallId = (id: string | undefined): string =>
-  id !== undefined && id.length > 0
-    ? CALL_ID.test(id) ? id : "call_" + createHash("sha256").update(id).digest("hex").slice(0, 32)
-    : "call_" + randomBytes(16).toString("hex")
+  id !== undefined && CALL_ID.test(id) ? id : "call_" + randomBytes(16).toString("hex")
 
 /** `stop`, `length` and `tool_calls` pass; `function_call` is `tool_calls`; anything else is `stop`. */
 export const mapFinishReason = (reason: unknown): FinishReason =>
@@ -553,7 +555,9 @@ export class ChatNormalizer {
     }
     if (Array.isArray(message.tool_calls)) {
       for (const call of message.tool_calls) {
-        this.toolDelta({ index: this.toolCount, id: call?.id ?? `${this.toolCount}`, function: call?.function })
+        // A call without an upstream id still starts here, in order, with a random id of its own.
+        const id = typeof call?.id === "string" && call.id.length > 0 ? call.id : "missing"
+        this.toolDelta({ index: this.toolCount, id, function: call?.function })
       }
     }
     if (b.usage) this.usage = usageFrom(b.usage)
