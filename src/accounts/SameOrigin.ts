@@ -77,6 +77,9 @@ export const allowedOrigins = (configured: ReadonlyArray<string>): ReadonlySet<s
 
 export const isMutation = (method: string): boolean => !SAFE_METHODS.has(method.toUpperCase())
 
+/** Reads with side effects: `GET /api/user/me/keys/:id/reveal` (rate-limited, audited). */
+export const isSensitiveRead = (path: string): boolean => path.split("?")[0]!.endsWith("/reveal")
+
 export const isSameOrigin = (headers: Headers, dashboardOrigins: ReadonlySet<string>): boolean => {
   const site = single(headers["sec-fetch-site"])?.trim().toLowerCase()
   if (site === "same-origin" || site === "none") return true
@@ -99,9 +102,14 @@ export const isJsonContentType = (value: string | undefined): boolean =>
 export const cookieRequestRefusal = (
   method: string,
   headers: Headers,
-  dashboardOrigins: ReadonlySet<string>
+  dashboardOrigins: ReadonlySet<string>,
+  path = ""
 ): Code | null => {
-  if (!isMutation(method)) return null
+  if (!isMutation(method)) {
+    // A read that spends a budget and writes an audit row (key reveal) is held to the same origin rule, so a
+    // cross-site page cannot burn the account's reveal limit or fill its audit log.
+    return isSensitiveRead(path) && !isSameOrigin(headers, dashboardOrigins) ? "cross_site_request" : null
+  }
   if (!isSameOrigin(headers, dashboardOrigins)) return "cross_site_request"
   if (BODY_METHODS.has(method.toUpperCase()) && !isJsonContentType(single(headers["content-type"]))) {
     return "unsupported_content_type"

@@ -36,7 +36,12 @@ export const authenticateAccount: Effect.Effect<
     const session = yield* auth.authenticateSession(token)
     if (session) {
       const settings = yield* Settings
-      const refusal = cookieRequestRefusal(request.method, request.headers, allowedOrigins(settings.config.dashboard_origins))
+      const refusal = cookieRequestRefusal(
+        request.method,
+        request.headers,
+        allowedOrigins(settings.config.dashboard_origins),
+        request.url
+      )
       if (refusal === null) return session
       // A refused cookie request may still carry an explicit Bearer key, which a browser never adds by itself.
       if (!authorization || !/^Bearer\s/i.test(authorization)) return yield* Effect.fail(fail(refusal))

@@ -39,8 +39,13 @@ export const SimulatedProvider = Schema.Struct({
 export const OpenAiCompatibleProvider = Schema.Struct({
   kind: Schema.Literal("openai-compatible"),
   base_url: Schema.String.pipe(Schema.pattern(/^https?:\/\//)),
-  /** Name of the environment variable holding the upstream API key. */
-  api_key_env: Schema.optional(Schema.String),
+  /**
+   * Name of the environment variable holding the upstream API key. Restricted to `WELLSPRING_UPSTREAM_*` so a
+   * catalog edit cannot send another secret of the process (DATABASE_URL, the encryption key) to an upstream.
+   */
+  api_key_env: Schema.optional(Schema.String.pipe(Schema.pattern(/^WELLSPRING_UPSTREAM_[A-Z0-9_]{1,64}$/, {
+    message: () => "api_key_env must name a variable WELLSPRING_UPSTREAM_<NAME> (A-Z, 0-9, _)"
+  }))),
   connections: Schema.optionalWith(PositiveInt, { default: () => 64 }),
   timeouts: Schema.optionalWith(Timeouts, { default: () => Timeouts.make({}) })
 })

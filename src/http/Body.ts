@@ -29,17 +29,24 @@ export const declaredOver = (headers: Readonly<Record<string, string | ReadonlyA
   return Number.isFinite(declared) && declared > limitBytes
 }
 
-/** The raw bytes of the body, at most `limitBytes`; 413 `payload_too_large` past it. */
-export const readBytes = (
+const invalidUtf8 = () => fail("invalid_json", { message: "요청 본문이 올바른 UTF-8 텍스트가 아닙니다." })
+
+/**
+ * The body as text, at most `limitBytes`: 413 `payload_too_large` past it, 400 `invalid_json` for invalid UTF-8
+ * (never a replacement character). Each chunk is decoded as it arrives, so no event-loop turn decodes more than
+ * one socket chunk, whatever the body size.
+ */
+export const readBoundedText = (
   request: HttpServerRequest.HttpServerRequest,
   limitBytes: number
-): Effect.Effect<Uint8Array, GatewayError> =>
+): Effect.Effect<string, GatewayError> =>
   Effect.suspend(() => {
     const incoming = NodeHttpServerRequest.toIncomingMessage(request)
     if (declaredOver(incoming.headers, limitBytes)) return Effect.fail(tooLarge(limitBytes))
-    if (incoming.readableEnded) return Effect.succeed(new Uint8Array(0))
-    return Effect.async<Uint8Array, GatewayError>((resume) => {
-      const chunks: Array<Buffer> = []
+    if (incoming.readableEnded) return Effect.succeed("")
+    return Effect.async<string, GatewayError>((resume) => {
+      const decoder = new TextDecoder("utf-8", { fatal: true })
+      const parts: Array<string> = []
       let bytes = 0
       const stop = () => {
         incoming.off("data", onData)
@@ -47,18 +54,30 @@ export const readBytes = (
         incoming.off("error", onError)
         incoming.off("close", onClose)
       }
-      const onData = (chunk: Buffer) => {
-        bytes += chunk.length
-        if (bytes <= limitBytes) return void chunks.push(chunk)
-        // Stop reading; the rest of the body stays on the wire and the connection is closed after the 413.
+      /** Stops reading; the rest of the body stays on the wire and the connection is closed after the answer. */
+      const refuse = (error: GatewayError) => {
         stop()
         incoming.pause()
-        chunks.length = 0
-        resume(Effect.fail(tooLarge(limitBytes)))
+        parts.length = 0
+        resume(Effect.fail(error))
+      }
+      const onData = (chunk: Buffer) => {
+        bytes += chunk.length
+        if (bytes > limitBytes) return refuse(tooLarge(limitBytes))
+        try {
+          parts.push(decoder.decode(chunk, { stream: true }))
+        } catch {
+          refuse(invalidUtf8())
+        }
       }
       const onEnd = () => {
         stop()
-        resume(Effect.succeed(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, bytes)))
+        try {
+          parts.push(decoder.decode())
+        } catch {
+          return resume(Effect.fail(invalidUtf8()))
+        }
+        resume(Effect.succeed(parts.length === 1 ? parts[0]! : parts.join("")))
       }
       const onError = () => {
         stop()
@@ -75,16 +94,6 @@ export const readBytes = (
     })
   })
 
-const utf8 = new TextDecoder("utf-8", { fatal: true })
-
-/** Strict UTF-8; invalid bytes are a 400, never a replacement character or a crash. */
-export const decodeUtf8 = (bytes: Uint8Array): Effect.Effect<string, GatewayError> =>
-  Effect.try({
-    try: () => utf8.decode(bytes),
-    catch: () => fail("invalid_json", { message: "요청 본문이 올바른 UTF-8 텍스트가 아닙니다." })
-  })
-
 /** The body as text, bounded by `limits.body_bytes`: 413 past it, 400 `invalid_json` for invalid UTF-8. */
 export const readText = (request: HttpServerRequest.HttpServerRequest): Effect.Effect<string, GatewayError, Settings> =>
-  Effect.flatMap(Settings, (settings) =>
-    Effect.flatMap(readBytes(request, settings.config.limits.body_bytes), decodeUtf8))
+  Effect.flatMap(Settings, (settings) => readBoundedText(request, settings.config.limits.body_bytes))

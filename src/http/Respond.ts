@@ -1,5 +1,5 @@
 import { HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Cause, Effect, FiberRef } from "effect"
+import { Cause, Clock, Effect, FiberRef } from "effect"
 import * as Crypto from "node:crypto"
 import { fail, GatewayError } from "../errors/Catalog.js"
 
@@ -44,6 +44,21 @@ export const isStoreOutage = (error: unknown): boolean => {
   return code !== undefined && CONNECTION_ERRNO.has(code)
 }
 
+/** An outage fails every request: it is logged once per interval with the number of failures since. */
+const OUTAGE_LOG_INTERVAL_MS = 10_000
+let outageLoggedAt = Number.NEGATIVE_INFINITY
+let outageFailures = 0
+
+const reportOutage = (cause: Cause.Cause<unknown>) =>
+  Effect.flatMap(Clock.currentTimeMillis, (now) => {
+    outageFailures++
+    if (now - outageLoggedAt < OUTAGE_LOG_INTERVAL_MS) return Effect.void
+    const failures = outageFailures
+    outageLoggedAt = now
+    outageFailures = 0
+    return Effect.logError("database unavailable", cause).pipe(Effect.annotateLogs({ failed_requests: failures }))
+  })
+
 /** 503 `service_unavailable` when the store is down, 500 `internal_error` for any other defect. */
 export const defectCode = (cause: Cause.Cause<unknown>): "service_unavailable" | "internal_error" => {
   const errors = [...Cause.defects(cause), ...Cause.failures(cause)]
@@ -68,8 +83,8 @@ export const handle = <R>(
         }
         if (Cause.isInterruptedOnly(cause)) return Effect.failCause(cause) as never
         const code = defectCode(cause)
-        const what = code === "service_unavailable" ? "database unavailable" : "unhandled defect"
-        return Effect.logError(what, cause).pipe(Effect.as(render(fail(code))))
+        const report = code === "service_unavailable" ? reportOutage(cause) : Effect.logError("unhandled defect", cause)
+        return report.pipe(Effect.as(render(fail(code))))
       }),
       Effect.map((response) => HttpServerResponse.setHeader(response, REQUEST_ID_HEADER, id)),
       Effect.locally(currentRequestId, id)

@@ -5,7 +5,7 @@ import type { ModelConfig, PlanConfig } from "../config/GatewayConfig.js"
 import { LiveCatalog, Settings } from "../config/Live.js"
 import { Catalog, fail, GatewayError } from "../errors/Catalog.js"
 import { inferenceBody, renderInference } from "../errors/Render.js"
-import { currentRequestId, handle, headersOf } from "../http/Respond.js"
+import { currentRequestId, defectCode, handle, headersOf } from "../http/Respond.js"
 import { readText } from "../http/Body.js"
 import { guard as guardFailures, recordFailure } from "../http/FailedRequests.js"
 import { Admission, type AdmitInput, type Standing, type Ticket } from "../quota/Admission.js"
@@ -49,7 +49,8 @@ export const tokensPerSecond = (outputTokens: number, generationMs: number | nul
 export class Exchange {
   readonly startedAt = performance.now()
   readonly createdAt = new Date()
-  modelId = ""
+  /** The catalog id, the body's bounded `model` while unresolved, or a placeholder before the body is read. */
+  modelId = UNKNOWN_MODEL_ID
   stream = false
   hadTools = false
   toolChoice: string | null = null
@@ -189,8 +190,8 @@ const failureOf = (cause: Cause.Cause<GatewayError>): GatewayError | null => {
   const failure = Cause.failureOption(cause)
   if (Option.isSome(failure)) return failure.value
   if (Cause.isInterruptedOnly(cause)) return null
-  // The defect itself is logged by `handle`; the row records the code only.
-  return fail("internal_error")
+  // The defect itself is logged by `handle`; the row records the code it answered with.
+  return fail(defectCode(cause))
 }
 
 const toolChoiceLabel = (choice: ChatRequest["tool_choice"]): string | null =>

@@ -11,9 +11,10 @@ import { guard as guardFailures } from "../http/FailedRequests.js"
 import { Admission } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
 import { Upstreams } from "../upstream/Upstream.js"
-import { Exchange, finishing, upstreamFailure } from "./Chat.js"
+import { Exchange, finishing } from "./Chat.js"
 import { Bounded, describeDecodeFailure, MODEL_CHARS, NOT_AN_OBJECT, tooLong } from "./ChatRequest.js"
 import { modelIdOfBody, readJsonBody, UNKNOWN_MODEL_ID } from "./JsonGuard.js"
+import { upstreamFailure } from "./UpstreamErrors.js"
 import { exceedsLimit } from "./Tokens.js"
 
 /** Output dimension fixed by the spec. */

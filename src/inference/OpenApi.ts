@@ -1,6 +1,8 @@
 import { HttpApi, HttpApiEndpoint, HttpApiGroup, HttpRouter, HttpServerResponse, OpenApi, OpenApiJsonSchema } from "@effect/platform"
 import { Effect, Schema } from "effect"
+import { Catalog, type Code } from "../errors/Catalog.js"
 import { ChatRequest, ToolCall } from "./ChatRequest.js"
+import { EmbeddingsRequest } from "./Embeddings.js"
 
 // Response schemas document the wire format; requests reuse the schemas that validate them.
 const ErrorEnvelope = Schema.Struct({
@@ -88,21 +90,25 @@ const UsageBucket = Schema.Struct({
   by_model: Schema.Array(Schema.Struct({ model_id: Schema.String, request_count: Schema.Int, pct_of_total: Schema.Number }))
 })
 
-const EmbeddingsRequest = Schema.Struct({
-  model: Schema.String,
-  input: Schema.Union(Schema.String, Schema.Array(Schema.String))
-}).annotations({ identifier: "EmbeddingsRequest" })
+const EmbeddingsRequestDoc = EmbeddingsRequest.annotations({
+  identifier: "EmbeddingsRequest",
+  description: "encoding_format: `float` (default) or `base64` (little-endian float32, base64-encoded)."
+})
 
 const Embeddings = Schema.Struct({
   object: Schema.Literal("list"),
-  data: Schema.Array(Schema.Struct({ object: Schema.Literal("embedding"), index: Schema.Int, embedding: Schema.Array(Schema.Number) })),
+  data: Schema.Array(Schema.Struct({
+    object: Schema.Literal("embedding"),
+    index: Schema.Int,
+    embedding: Schema.Union(Schema.Array(Schema.Number), Schema.String)
+  })),
   model: Schema.String,
   usage: Schema.Struct({ prompt_tokens: Schema.Int, total_tokens: Schema.Int })
 }).annotations({ identifier: "Embeddings", description: "Each embedding has exactly 1024 dimensions." })
 
 class InferenceGroup extends HttpApiGroup.make("inference")
   .add(HttpApiEndpoint.post("chatCompletions", "/v1/chat/completions").setPayload(ChatRequest).addSuccess(ChatCompletion).addError(ErrorEnvelope, { status: 400 }))
-  .add(HttpApiEndpoint.post("embeddings", "/v1/embeddings").setPayload(EmbeddingsRequest).addSuccess(Embeddings).addError(ErrorEnvelope, { status: 400 }))
+  .add(HttpApiEndpoint.post("embeddings", "/v1/embeddings").setPayload(EmbeddingsRequestDoc).addSuccess(Embeddings).addError(ErrorEnvelope, { status: 400 }))
   .add(HttpApiEndpoint.get("models", "/v1/models").addSuccess(Schema.Struct({ object: Schema.Literal("list"), data: Schema.Array(Model) })))
   .add(HttpApiEndpoint.get("me", "/v1/me").addSuccess(Account).addError(ErrorEnvelope, { status: 401 }))
   .add(HttpApiEndpoint.get("usage", "/v1/usage").addSuccess(Schema.Struct({ object: Schema.Literal("usage"), session: UsageBucket, weekly: UsageBucket })))
@@ -112,28 +118,72 @@ export class InferenceApi extends HttpApi.make("wellspring").add(InferenceGroup)
   .annotate(OpenApi.Version, "1.0.0")
 {}
 
-/** Error statuses each operation can answer with the inference envelope (spec: Errors, chat completions). */
+const ACCESS: ReadonlyArray<Code> = [
+  "payload_too_large",
+  "invalid_api_key",
+  "geo_restricted",
+  "account_unlinked",
+  "legacy_account_upgrade_required",
+  "guest_expired",
+  "email_required",
+  "too_many_failed_requests"
+]
+const ADMISSION: ReadonlyArray<Code> = [
+  "rate_limited",
+  "abuse_cooldown",
+  "session_exhausted",
+  "weekly_exhausted",
+  "model_quota_exceeded",
+  "model_overloaded"
+]
+const UPSTREAM: ReadonlyArray<Code> = [
+  "upstream_rejected",
+  "upstream_error",
+  "internal_error",
+  "service_unavailable",
+  "upstream_timeout",
+  "upstream_rate_limited"
+]
+
+/** The codes each operation can answer with, grouped by status from the catalog (never listed by hand). */
+const byStatus = (codes: ReadonlyArray<Code>): Record<string, string> => {
+  const groups = new Map<number, Array<string>>()
+  for (const code of codes) {
+    const entry = Catalog[code]
+    groups.set(entry.status, [...(groups.get(entry.status) ?? []), entry.wire ?? `${code} (no code field)`])
+  }
+  return Object.fromEntries([...groups].sort(([a], [b]) => a - b).map(([status, wires]) => [String(status), wires.join(", ")]))
+}
+
+/** Error statuses each operation can answer with the inference envelope. */
 const ERRORS: Readonly<Record<string, Readonly<Record<string, string>>>> = {
-  "inference.chatCompletions": {
-    "400": "Invalid request (invalid_json, invalid_messages, model_not_found, model_not_chat, tools_not_supported, invalid_reasoning_effort, images_not_supported, input_too_long, invalid_request)",
-    "401": "invalid_api_key",
-    "403": "Access denied (geo_restricted, account_unlinked, legacy_account_upgrade_required, guest_expired, email_required)",
-    "429": "Rate or quota limit (rate_limited, abuse_cooldown, session_exhausted, weekly_exhausted, model_quota_exceeded)",
-    "500": "Upstream or internal error (upstream_error, upstream_rejected, internal_error)",
-    "503": "Service unavailable (service_unavailable, upstream_timeout, upstream_rate_limited)",
-    "529": "model_overloaded: retry after the seconds in the message"
-  },
-  "inference.embeddings": {
-    "400": "Invalid request",
-    "401": "invalid_api_key",
-    "403": "Access denied",
-    "429": "Rate or quota limit",
-    "500": "Upstream or internal error",
-    "503": "Service unavailable"
-  },
-  "inference.models": { "401": "invalid_api_key" },
-  "inference.me": { "401": "invalid_api_key" },
-  "inference.usage": { "401": "invalid_api_key" }
+  "inference.chatCompletions": byStatus([
+    "invalid_json",
+    "invalid_request",
+    "invalid_messages",
+    "model_not_found",
+    "model_not_chat",
+    "tools_not_supported",
+    "invalid_reasoning_effort",
+    "images_not_supported",
+    "input_too_long",
+    ...ACCESS,
+    ...ADMISSION,
+    ...UPSTREAM
+  ]),
+  "inference.embeddings": byStatus([
+    "invalid_json",
+    "invalid_request",
+    "model_not_found",
+    "model_not_embedding",
+    "input_too_long",
+    ...ACCESS,
+    ...ADMISSION,
+    ...UPSTREAM
+  ]),
+  "inference.models": byStatus(["invalid_api_key"]),
+  "inference.me": byStatus(["invalid_api_key"]),
+  "inference.usage": byStatus(["invalid_api_key"])
 }
 
 /**

@@ -62,6 +62,8 @@ describe.each(backends)("CSRF defence of the account API on $name", ({ postgres 
       ...(db ? { databaseUrl: db.url } : {}),
       configure: (doc) => {
         doc.dashboard_origins = [DASHBOARD]
+        // Production mode generates no key-encryption key; configure one so keys are revealable.
+        doc.encryption_key = Buffer.alloc(32, 7).toString("base64")
       }
     })
   })
@@ -348,6 +350,26 @@ describe.each(backends)("CSRF defence of the account API on $name", ({ postgres 
         expect(res.status).toBe(200)
         expect(res.headers.get("access-control-allow-origin")).toBeNull()
       }
+    })
+
+    it("key reveal with the cookie needs the same origin: a cross-site page cannot spend the limit or write audit rows", async () => {
+      const u = await newUser(gw)
+      const before = await audits(u.account.id)
+      for (const headers of [{ origin: EVIL, "sec-fetch-site": "cross-site" }, { "sec-fetch-site": "cross-site" }, {}]) {
+        const res = await send(gw, { method: "GET", path: `/api/user/me/keys/${u.keyId}/reveal`, session: u.session, headers })
+        expect(res.status).toBe(403)
+        expect(res.body.error.code).toBe("cross_site_request")
+      }
+      expect(await audits(u.account.id)).toBe(before)
+      const own = await send(gw, {
+        method: "GET",
+        path: `/api/user/me/keys/${u.keyId}/reveal`,
+        session: u.session,
+        headers: { "sec-fetch-site": "same-origin" }
+      })
+      expect(own.status).toBe(200)
+      expect(own.body.data.key).toBe(u.key)
+      expect(await audits(u.account.id)).toBe(before + 1)
     })
   })
 })

@@ -141,11 +141,11 @@ export const call = async (gw: TestGateway, method: string, path: string, option
     body = typeof options.body === "string" ? options.body : JSON.stringify(options.body)
     headers["content-type"] = "application/json"
   }
-  if (options.session !== undefined && !["GET", "HEAD"].includes(method)) {
+  if (options.session !== undefined) {
     // What the dashboard's own page sends (SameOrigin.ts): its origin and a JSON type, unless a test says otherwise.
     const given = new Set(Object.keys(headers).map((name) => name.toLowerCase()))
     if (!given.has("origin") && !given.has("sec-fetch-site")) headers.origin = gw.url
-    if (!given.has("content-type")) headers["content-type"] = "application/json"
+    if (!["GET", "HEAD"].includes(method) && !given.has("content-type")) headers["content-type"] = "application/json"
   }
   const res = await fetch(`${gw.url}${path}`, { method, headers, ...(body !== undefined ? { body } : {}) })
   const text = await res.text()

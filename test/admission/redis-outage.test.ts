@@ -10,7 +10,7 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { cleanEnv, closedPort, type Running, startTs } from "../foundation/spawn.js"
+import { cleanEnv, closedPort, operatorKey, type Running, startTs } from "../foundation/spawn.js"
 import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { defaultConfigDoc } from "../support/Gateway.js"
 import { Behaviour, Chunks, type MockUpstream, startMockUpstream } from "../support/MockUpstream.js"
@@ -46,16 +46,17 @@ describe.skipIf(!postgresUp || !redisServer)("Redis unreachable: fail closed, st
     Fs.writeFileSync(configPath, Yaml.stringify(doc))
     const port = await closedPort()
     base = `http://127.0.0.1:${port}`
-    proc = startTs("src/main.ts", [], cleanEnv({
+    const env = cleanEnv({
       WELLSPRING_CONFIG: configPath,
       WELLSPRING_PORT: String(port),
       WELLSPRING_DATA_DIR: Path.join(dir, "data"),
       DATABASE_URL: db.url,
       REDIS_URL: redis.url
-    }))
+    })
+    proc = startTs("src/main.ts", [], env)
     void proc.exited.then(() => (exited = true))
-    key = (await proc.waitFor(/API key: (\S+)/, 60_000))[1]!
-    await proc.waitFor(/ready in/)
+    await proc.waitFor(/ready in/, 60_000)
+    key = await operatorKey(env)
   })
   afterAll(async () => {
     await proc?.stop(10_000)

@@ -10,7 +10,7 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { cleanEnv, closedPort, type Running, startTs } from "../foundation/spawn.js"
+import { cleanEnv, closedPort, operatorKey, type Running, startTs } from "../foundation/spawn.js"
 import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { defaultConfigDoc } from "../support/Gateway.js"
 import { Behaviour, Chunks, type MockUpstream, startMockUpstream } from "../support/MockUpstream.js"
@@ -60,8 +60,8 @@ describe.skipIf(!redisAvailable)("two gateway processes sharing Redis and Postgr
     }
     // One after the other: the first migrates the fresh database and creates the dev account.
     const first = await start(1)
-    key = (await first.waitFor(/API key: (\S+)/, 60_000))[1]!
-    await first.waitFor(/ready in/)
+    await first.waitFor(/ready in/, 60_000)
+    key = await operatorKey(cleanEnv({ WELLSPRING_CONFIG: configPath, DATABASE_URL: db.url }))
     await (await start(2)).waitFor(/ready in/, 60_000)
   })
   afterAll(async () => {

@@ -123,7 +123,14 @@ describe("config schema", () => {
     ["an unknown default plan", (d) => (d.default_plan = "gold"), "default_plan"],
     ["a bad key prefix", (d) => (d.key_prefix = "SK_"), "key_prefix"],
     ["a bad listener port", (d) => (d.listeners[0].port = "eighty"), "listeners.0.port"],
-    ["a missing abuse section", (d) => delete d.abuse, "abuse"]
+    ["a missing abuse section", (d) => delete d.abuse, "abuse"],
+    [
+      "an api_key_env naming another secret",
+      (d) => (d.catalog.providers.up = { kind: "openai-compatible", base_url: "https://x.example", api_key_env: "DATABASE_URL" }),
+      "catalog.providers.up.api_key_env"
+    ],
+    ["a body limit of zero", (d) => (d.limits = { body_bytes: 0 }), "limits.body_bytes"],
+    ["a malformed dashboard origin", (d) => (d.dashboard_origins = ["evil.example/path"]), "dashboard_origins.0"]
   ]
   for (const [what, edit, field] of rejects) {
     it(`stops the boot on ${what}, naming ${field}`, () => {
@@ -157,6 +164,16 @@ describe("config schema", () => {
     const doc = defaultConfigDoc()
     doc.catalog.models[3].max_input_tokens = 0
     expect(() => decodeCatalog(doc, "x.yaml")).toThrow(/catalog\.models\.3\.max_input_tokens/)
+  })
+
+  it("a live catalog edit cannot point api_key_env at a variable outside WELLSPRING_UPSTREAM_*", () => {
+    const doc = defaultConfigDoc()
+    for (const name of ["WELLSPRING_ENCRYPTION_KEY", "DATABASE_URL", "HOME", "WELLSPRING_UPSTREAM_", "wellspring_upstream_x"]) {
+      doc.catalog.providers.up = { kind: "openai-compatible", base_url: "https://x.example", api_key_env: name }
+      expect(() => decodeCatalog(doc, "x.yaml"), name).toThrow(/catalog\.providers\.up\.api_key_env/)
+    }
+    doc.catalog.providers.up.api_key_env = "WELLSPRING_UPSTREAM_OPENAI"
+    expect(decodeCatalog(doc, "x.yaml").providers.up).toMatchObject({ api_key_env: "WELLSPRING_UPSTREAM_OPENAI" })
   })
 })
 

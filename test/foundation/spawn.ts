@@ -38,6 +38,19 @@ export const runTs = (script: string, args: ReadonlyArray<string>, env: NodeJS.P
     })
   })
 
+/**
+ * Production mode creates no account at boot: this makes one with the operator CLI (as an operator would) and
+ * returns a fresh key of it. `env` is the gateway's environment (config file, DATABASE_URL).
+ */
+export const operatorKey = async (env: NodeJS.ProcessEnv, username = "operator"): Promise<string> => {
+  const created = await runTs("src/cli.ts", ["account:create", "--username", username, "--display-name", "Operator"], env)
+  if (created.code !== 0) throw new Error(`account:create failed: ${created.stderr}`)
+  const issued = await runTs("src/cli.ts", ["key:create", "--username", username], env)
+  const key = /API key: (\S+)/.exec(issued.stdout)?.[1]
+  if (issued.code !== 0 || key === undefined) throw new Error(`key:create failed: ${issued.stderr}`)
+  return key
+}
+
 /** A loopback port that nothing listens on (bound, then released). */
 export const closedPort = () =>
   new Promise<number>((resolve, reject) => {

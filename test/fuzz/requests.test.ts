@@ -175,6 +175,9 @@ const send = async (
   return { status: res.status, text: await res.text() }
 }
 
+/** Percent-encodes every UTF-8 byte (lone surrogates become U+FFFD, as a client's encoder would send them). */
+const uri = (text: string): string => Array.from(Buffer.from(text, "utf8"), (b) => `%${b.toString(16).padStart(2, "0")}`).join("")
+
 const encode = (body: unknown): string => {
   try {
     return JSON.stringify(body) ?? "null"
@@ -243,13 +246,13 @@ const fuzzSuite = (label: string, runs: number, database: () => FreshDatabase | 
       const route = fc.oneof(
         fc.constant({ method: "GET", path: "/api/user/me" }),
         fc.record({ method: fc.constant("GET"), path: fc.tuple(text, text).map(([r, m]) =>
-          `/api/user/me/metrics?range=${encodeURIComponent(r)}&model=${encodeURIComponent(m)}`) }),
-        fc.record({ method: fc.constant("GET"), path: text.map((l) => `/api/user/me/requests?limit=${encodeURIComponent(l)}`) }),
+          `/api/user/me/metrics?range=${uri(r)}&model=${uri(m)}`) }),
+        fc.record({ method: fc.constant("GET"), path: text.map((l) => `/api/user/me/requests?limit=${uri(l)}`) }),
         fc.constant({ method: "POST", path: "/api/user/sfw" }),
         fc.constant({ method: "GET", path: "/api/user/me/keys" }),
         fc.constant({ method: "POST", path: "/api/user/me/keys" }),
-        fc.record({ method: fc.constant("DELETE"), path: text.map((id) => `/api/user/me/keys/${encodeURIComponent(id)}`) }),
-        fc.record({ method: fc.constant("GET"), path: text.map((id) => `/api/user/me/keys/${encodeURIComponent(id)}/reveal`) }),
+        fc.record({ method: fc.constant("DELETE"), path: text.map((id) => `/api/user/me/keys/${uri(id)}`) }),
+        fc.record({ method: fc.constant("GET"), path: text.map((id) => `/api/user/me/keys/${uri(id)}/reveal`) }),
         fc.constant({ method: "POST", path: "/api/user/me/rotate-key" }),
         fc.constant({ method: "GET", path: "/v1/me" }),
         fc.constant({ method: "GET", path: "/v1/usage" }),
@@ -258,8 +261,8 @@ const fuzzSuite = (label: string, runs: number, database: () => FreshDatabase | 
       const auth = fc.oneof(
         fc.constant<Record<string, string>>({ cookie: `ws-session=${dashboard.session}` }),
         fc.constant<Record<string, string>>({ cookie: `ws-session=${dashboard.session}`, origin: "https://evil.example" }),
-        text.map((t) => ({ cookie: `ws-session=${encodeURIComponent(t)}` })),
-        text.map((t) => ({ authorization: `Bearer ${encodeURIComponent(t)}` }))
+        text.map((t) => ({ cookie: `ws-session=${uri(t)}` })),
+        text.map((t) => ({ authorization: `Bearer ${uri(t)}` }))
       )
       await fc.assert(
         fc.asyncProperty(route, auth, contentType, fc.oneof(value.map(encode), rawText), async (r, a, type, body) => {

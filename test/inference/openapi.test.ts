@@ -69,7 +69,12 @@ describe("GET /v1/openapi.json", () => {
     expect(doc.components.schemas.ErrorEnvelope.properties.error.required).toEqual(["message", "type"])
     expect(JSON.stringify(doc)).not.toContain("HttpApiDecodeError")
     const chat = doc.paths["/v1/chat/completions"].post
-    expect(Object.keys(chat.responses).sort()).toEqual(["200", "400", "401", "403", "429", "500", "503", "529"])
+    expect(Object.keys(chat.responses).sort()).toEqual(["200", "400", "401", "403", "413", "429", "500", "503", "529"])
+    // Grouped from the error catalog: a deterministic upstream refusal is a 400, never a retryable 5xx.
+    expect(chat.responses["400"].description).toContain("upstream_rejected")
+    expect(chat.responses["500"].description).not.toContain("upstream_rejected")
+    expect(chat.responses["429"].description).toContain("too_many_failed_requests")
+    expect(chat.responses["413"].description).toBe("payload_too_large")
     for (const [status, response] of Object.entries<any>(chat.responses)) {
       if (status !== "200") expect(response.content["application/json"].schema, status).toEqual(envelope)
     }

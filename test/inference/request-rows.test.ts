@@ -91,7 +91,11 @@ const suite = (name: string, databaseUrl: () => Promise<FreshDatabase | undefine
         admission: adm.layer,
         ...(db ? { databaseUrl: db.url } : {}),
         // The periodic flush never fires during the test: rows wait in the writer's queue.
-        configure: (doc) => void (doc.request_log = { batch_size: 200, flush_ms: 600_000 })
+        configure: (doc) => {
+          doc.request_log = { batch_size: 200, flush_ms: 600_000 }
+          // The invalid kinds are deliberate: keep the per-key failure limit out of this count.
+          doc.limits = { failed_requests_per_minute: 100_000 }
+        }
       })
     })
     afterAll(async () => {
@@ -134,7 +138,10 @@ describe.skipIf(!postgres)("real PostgreSQL", () => {
         admission: adm.layer,
         databaseUrl: db.url,
         // Small batches written every few ms: an explicit flush often meets a write in progress.
-        configure: (doc) => void (doc.request_log = { batch_size: 25, flush_ms: 5 })
+        configure: (doc) => {
+          doc.request_log = { batch_size: 25, flush_ms: 5 }
+          doc.limits = { failed_requests_per_minute: 100_000 }
+        }
       })
     })
     afterAll(async () => {

@@ -9,7 +9,7 @@ import * as Path from "node:path"
 import pg from "pg"
 import * as Yaml from "yaml"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { cleanEnv, closedPort, type Running, startTs } from "../foundation/spawn.js"
+import { cleanEnv, closedPort, operatorKey, type Running, startTs } from "../foundation/spawn.js"
 import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { defaultConfigDoc } from "../support/Gateway.js"
 import { Behaviour, Chunks, type MockUpstream, startMockUpstream } from "../support/MockUpstream.js"
@@ -57,14 +57,15 @@ describe.skipIf(!postgres)("graceful shutdown (SIGTERM)", () => {
     const configPath = Path.join(dir, "gateway.yaml")
     Fs.writeFileSync(configPath, Yaml.stringify(doc))
     const port = await closedPort()
-    gateway = startTs("src/main.ts", [], cleanEnv({
+    const env = cleanEnv({
       WELLSPRING_CONFIG: configPath,
       WELLSPRING_PORT: String(port),
       WELLSPRING_DATA_DIR: Path.join(dir, "data"),
       DATABASE_URL: db.url
-    }))
-    const [, key] = (await gateway.waitFor(/API key: (\S+)/, 90_000)) as RegExpMatchArray
-    await gateway.waitFor(/ready in/)
+    })
+    gateway = startTs("src/main.ts", [], env)
+    await gateway.waitFor(/ready in/, 90_000)
+    const key = await operatorKey(env)
     const url = `http://127.0.0.1:${port}/v1/chat/completions`
     const headers = { authorization: `Bearer ${key}`, "content-type": "application/json" }
 

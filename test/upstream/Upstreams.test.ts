@@ -62,9 +62,9 @@ describe("Upstreams", () => {
     Effect.gen(function*() {
       const mock = yield* mockUpstream
       mock.script(Behaviour.stream([Chunks.content("x"), Chunks.finish("stop")]))
-      process.env.WELLSPRING_TEST_UPSTREAM_KEY = "sk-from-env"
-      yield* Effect.addFinalizer(() => Effect.sync(() => delete process.env.WELLSPRING_TEST_UPSTREAM_KEY))
-      const upstreams = yield* makeUpstreams(Effect.succeed({ up: openAi(mock.url, "WELLSPRING_TEST_UPSTREAM_KEY") }))
+      process.env.WELLSPRING_UPSTREAM_TEST_KEY = "sk-from-env"
+      yield* Effect.addFinalizer(() => Effect.sync(() => delete process.env.WELLSPRING_UPSTREAM_TEST_KEY))
+      const upstreams = yield* makeUpstreams(Effect.succeed({ up: openAi(mock.url, "WELLSPRING_UPSTREAM_TEST_KEY") }))
       yield* Stream.runCollect((yield* upstreams.get("up")).chat(ask))
       expect(mock.requests[0]!.headers.authorization).toBe("Bearer sk-from-env")
     }))
