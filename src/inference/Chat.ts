@@ -456,7 +456,6 @@ export const chatCompletions = HttpRouter.post(
         yield* auth.gate(caller, headersOf(request))
         const text = yield* readText(request)
         const limits = settings.config.limits
-        exchange.modelId = UNKNOWN_MODEL_ID
         const body = yield* parseBody(text, limits.json_depth)
         exchange.modelId = modelIdOfBody(body)
         const req = yield* decodeChatRequest(body, limits)

@@ -13,7 +13,7 @@ import { RequestLog } from "../telemetry/RequestLog.js"
 import { Upstreams } from "../upstream/Upstream.js"
 import { Exchange, finishing } from "./Chat.js"
 import { Bounded, describeDecodeFailure, MODEL_CHARS, NOT_AN_OBJECT, tooLong } from "./ChatRequest.js"
-import { modelIdOfBody, readJsonBody, UNKNOWN_MODEL_ID } from "./JsonGuard.js"
+import { modelIdOfBody, readJsonBody } from "./JsonGuard.js"
 import { upstreamFailure } from "./UpstreamErrors.js"
 import { exceedsLimit } from "./Tokens.js"
 
@@ -106,8 +106,7 @@ export const embeddings = HttpRouter.post(
         const run = Effect.gen(function*() {
           yield* auth.gate(caller, headersOf(request))
           const limits = settings.config.limits
-          exchange.modelId = UNKNOWN_MODEL_ID
-          const body = yield* readJsonBody(yield* readText(request), limits.json_depth)
+            const body = yield* readJsonBody(yield* readText(request), limits.json_depth)
           exchange.modelId = modelIdOfBody(body)
           const req = yield* decodeEmbeddingsRequest(body, limits)
           const model = catalog.current().byId.get(req.model)
