@@ -46,6 +46,9 @@ const raw = {
   payload_too_large: entry(413, "invalid_request_error", "요청 본문이 너무 큽니다."),
   unsupported_content_type: entry(415, "invalid_request_error", "요청 본문은 application/json 이어야 합니다."),
   cross_site_request: entry(403, "access_denied", "다른 사이트에서 보낸 요청은 허용되지 않습니다."),
+  malformed_http: entry(400, "invalid_request_error", "HTTP 요청 형식이 올바르지 않습니다."),
+  request_timeout: entry(408, "invalid_request_error", "요청을 제한 시간 안에 모두 받지 못했습니다."),
+  headers_too_large: entry(431, "invalid_request_error", "요청 헤더 또는 URL이 너무 깁니다."),
   too_many_failed_requests: entry(
     429,
     "rate_limit_error",

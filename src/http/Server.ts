@@ -4,6 +4,7 @@ import { NodeHttpServer, NodeHttpServerRequest } from "@effect/platform-node"
 import { Cause, Context, Deferred, Duration, Effect, Layer, Runtime } from "effect"
 import * as Http from "node:http"
 import type { AddressInfo, Socket } from "node:net"
+import type { Duplex } from "node:stream"
 import type { LimitsConfig, Listener, Origin } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
 import { fail } from "../errors/Catalog.js"
@@ -116,6 +117,30 @@ const refuseOversizedContinue = (server: Http.Server, limitBytes: number) =>
     server.emit("request", request, response)
   })
 
+/**
+ * Requests Node refuses before any handler runs (malformed HTTP, oversized headers or URL, a request not received
+ * within the timeouts) get the inference error envelope with a Korean message instead of Node's bare status line.
+ * The connection is closed: its remaining bytes cannot be trusted.
+ */
+const answerClientErrors = (server: Http.Server) =>
+  server.on("clientError", (error: NodeJS.ErrnoException, socket: Duplex) => {
+    // A response already under way (or a socket that went away) cannot take another status line.
+    const busy = (socket as Duplex & { _httpMessage?: Http.ServerResponse | null })._httpMessage
+    if (error.code === "ECONNRESET" || !socket.writable || (busy && busy.headersSent)) return void socket.destroy()
+    const code = error.code === "HPE_HEADER_OVERFLOW"
+      ? "headers_too_large"
+      : error.code === "ERR_HTTP_REQUEST_TIMEOUT"
+      ? "request_timeout"
+      : "malformed_http"
+    const failure = fail(code)
+    const body = JSON.stringify(inferenceBody(failure))
+    socket.end(
+      `HTTP/1.1 ${failure.status} ${Http.STATUS_CODES[failure.status]}\r\n` +
+        `content-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
+        `${REQUEST_ID_HEADER}: ${newRequestId()}\r\nconnection: close\r\n\r\n${body}`
+    )
+  })
+
 const listen = (server: Http.Server, listener: Listener) =>
   Effect.async<number, Error>((resume) => {
     const onError = (error: Error) => resume(Effect.fail(error))
@@ -179,6 +204,7 @@ export const layer = <R>(routes: Routes<R>) => Layer.scoped(
       const server = Http.createServer(serverOptions(limits), handler)
       capConnections(server, limits.connections, (message) => Runtime.runFork(runtime)(Effect.logWarning(message)))
       refuseOversizedContinue(server, limits.body_bytes)
+      answerClientErrors(server)
       const port = yield* listen(server, listener).pipe(
         Effect.mapError((error) => new Error(`cannot listen on ${listener.host}:${listener.port}: ${error.message}`)),
         Effect.orDie

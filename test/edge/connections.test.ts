@@ -70,7 +70,28 @@ describe("timeouts", () => {
     await conn.write("POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
     const { at } = await within(trickle(conn, "x-slow: 1\r\n", 100), 5_000, "slow headers cut")
     expect(at - started).toBeGreaterThanOrEqual(HEADERS_S * 1000 - 50)
-    expect(parseHead(conn.received())?.status).toBe(408)
+    const res = parseHead(conn.received())
+    expect(res?.status).toBe(408)
+    expect(JSON.parse(res!.body).error).toMatchObject({ code: "request_timeout", type: "invalid_request_error" })
+    expect(JSON.parse(res!.body).error.message).toMatch(/[가-힣]/)
+    expect(res?.headers.connection).toBe("close")
+  })
+
+  it("malformed HTTP and oversized headers get the error envelope, not a bare status line", async () => {
+    const garbage = await connect(gw.port)
+    await garbage.write("NOT HTTP AT ALL\r\n\r\n")
+    await within(garbage.closed, 5_000, "malformed request closed")
+    const bad = parseHead(garbage.received())
+    expect(bad?.status).toBe(400)
+    expect(JSON.parse(bad!.body).error.code).toBe("malformed_http")
+
+    const huge = await connect(gw.port)
+    await huge.write(`GET /v1/models?${"a".repeat(20_000)} HTTP/1.1\r\nHost: x\r\n\r\n`)
+    await within(huge.closed, 5_000, "oversized header closed")
+    const big = parseHead(huge.received())
+    expect(big?.status).toBe(431)
+    expect(JSON.parse(big!.body).error.code).toBe("headers_too_large")
+    expect(big!.body.length).toBeLessThan(1024)
   })
 
   it("a connection that sends nothing is cut after headers_timeout_seconds", async () => {
