@@ -1,11 +1,12 @@
 /**
- * Reference point: the thinnest @effect/platform proxy (router, body read, undici call, streamed answer),
- * without auth, admission or request rows. Shows what the platform itself costs on this machine.
+ * Reference point: the thinnest Effect HTTP proxy (router, body read, undici call, streamed answer), served
+ * the way the gateway serves (`NodeHttpServer.makeHandler` on our own `http.Server`), without auth, admission
+ * or request rows. Shows what the platform itself costs on this machine.
  * Usage: tsx bench/effect-skeleton.ts --port N --upstream http://127.0.0.1:M
  */
-import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
 import { NodeHttpServer } from "@effect/platform-node"
-import { Effect } from "effect"
+import { Effect, Scope } from "effect"
+import { HttpRouter, HttpServerRequest, HttpServerResponse } from "effect/http"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import { Pool } from "undici"
@@ -16,7 +17,8 @@ const arg = (name: string) => {
 }
 const pool = new Pool(arg("upstream") ?? "http://127.0.0.1:9100", { connections: 128 })
 
-const router = HttpRouter.empty.pipe(HttpRouter.post(
+const route = HttpRouter.add(
+  "POST",
   "/v1/chat/completions",
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest
@@ -29,14 +31,16 @@ const router = HttpRouter.empty.pipe(HttpRouter.post(
       contentType: String(upstream.headers["content-type"] ?? "application/json")
     })
   }).pipe(Effect.orDie)
-))
+)
 
-Effect.runFork(Effect.gen(function*() {
-  const handler = yield* NodeHttpServer.makeHandler(yield* HttpRouter.toHttpApp(router))
+Effect.runFork(Effect.scoped(Effect.gen(function*() {
+  // Request fibers live in a child scope, as in the gateway's Server.ts.
+  const scope = yield* Scope.fork(yield* Effect.scope, "parallel")
+  const handler = yield* NodeHttpServer.makeHandler(yield* HttpRouter.toHttpEffect(route), { scope })
   const server = Http.createServer({ keepAliveTimeout: 65_000 }, handler)
   server.listen(Number(arg("port") ?? 0), "127.0.0.1", () => {
     process.stdout.write(`listening on http://127.0.0.1:${(server.address() as AddressInfo).port}\n`)
   })
   yield* Effect.never
-}))
+})))
 process.once("SIGTERM", () => process.exit(0))

@@ -1,6 +1,5 @@
-import { HttpRouter } from "@effect/platform"
-import { SqlClient } from "@effect/sql"
 import { Effect, Layer } from "effect"
+import { SqlClient } from "effect/sql"
 import { accountRoutes } from "./accounts/AccountRoutes.js"
 import * as AccountsRepo from "./accounts/AccountsRepo.js"
 import * as Auth from "./auth/Auth.js"
@@ -19,7 +18,8 @@ import * as Sql from "./store/Sql.js"
 import * as RequestLog from "./telemetry/RequestLog.js"
 import * as Upstreams from "./upstream/Upstreams.js"
 
-export const inferenceRouter = HttpRouter.empty.pipe(
+/** Inference API (`/v1/*`): one `HttpRouter.add` route layer per endpoint. */
+export const inferenceRouter = Layer.mergeAll(
   chatCompletions,
   embeddings,
   listModels,
@@ -28,9 +28,9 @@ export const inferenceRouter = HttpRouter.empty.pipe(
   openApiRoute
 )
 /** Account API (`/api/user/*`) on the dashboard origin; see src/accounts/AccountRoutes.ts. */
-export const accountRouter: HttpRouter.HttpRouter<unknown, Layer.Layer.Success<ReturnType<typeof servicesLayer>>> =
-  accountRoutes
-export const statusRouter = HttpRouter.empty
+export const accountRouter = accountRoutes
+/** The status origin serves no routes yet (every path is a 404). */
+export const statusRouter: Layer.Layer<never> = Layer.empty
 
 /**
  * Creates the admin dev account `dev` when the database has no account yet, and returns its key (null when
@@ -70,7 +70,7 @@ const upstreamsLayer = Upstreams.layerEffect(
 )
 
 /** In-memory actors persisted to SQL, or Redis when `redis_url` is set. */
-const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings> = Layer.unwrapEffect(
+const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings> = Layer.unwrap(
   Effect.map(Live.Settings, ({ config }) =>
     AdmissionLayer.layerFromConfigWithSql({
       abuse: config.abuse,

@@ -5,8 +5,8 @@
  * talks to the same storage. Exit codes: 0 done, 2 bad arguments (usage, unknown account or key, bad
  * config), 1 anything else (database down, ...). Errors are one line on stderr, never a stack trace.
  */
-import { SqlClient } from "@effect/sql"
 import { Cause, Data, Effect, Exit, Layer, Option } from "effect"
+import { SqlClient } from "effect/sql"
 import * as Url from "node:url"
 import { ACCOUNT_STATUSES, type AccountRow, type AccountStatus, AccountsRepo, DEFAULT_KEY_LABEL, type KeyRow } from "./accounts/AccountsRepo.js"
 import * as Accounts from "./accounts/AccountsRepo.js"
@@ -385,7 +385,7 @@ const storage = (config: GatewayConfig, path: string) => {
   const sql = owner
     ? Layer.provideMerge(
       Layer.effectDiscard(Effect.orDie(Sql.runMigrations)),
-      Sql.layerSocket(owner.socket!).pipe(Layer.mapError((cause) =>
+      Sql.layerSocket(owner.socket!).pipe(mapLayerError((cause) =>
         new Sql.StoreError({
           message: `cannot reach the running gateway's embedded database (process ${owner.pid}, socket ${owner.socket}): ${
             Sql.rootMessage(cause)
@@ -397,6 +397,10 @@ const storage = (config: GatewayConfig, path: string) => {
     : Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir })
   return { layer: Layer.provideMerge(Accounts.layer, Layer.merge(settings, sql)), owner }
 }
+
+/** v3's `Layer.mapError`: the same layer, its construction error replaced by `f(error)`. */
+const mapLayerError = <E, E2>(f: (error: E) => E2) => <ROut, RIn>(layer: Layer.Layer<ROut, E, RIn>) =>
+  Layer.catch(layer, (error) => Layer.effectContext<ROut, E2, never>(Effect.fail(f(error))))
 
 class CliFailure extends Error {}
 
@@ -458,7 +462,7 @@ export const run = async (
       config.database_url
         ? SqlClient.SqlClient.pipe(
           Effect.flatMap((sql) => Sql.notify(sql, INVALIDATION_CHANNEL, message)),
-          Effect.catchAll((e) =>
+          Effect.catch((e) =>
             Effect.sync(() => io.err(`warning: could not notify running gateways: ${Sql.rootMessage(e)}\n`))
           )
         )
@@ -471,7 +475,7 @@ export const run = async (
   const program = commands[command]!.run(flags, env).pipe(Effect.provide(layer))
   const exit = await Effect.runPromiseExit(program as Effect.Effect<void, UsageError | Sql.StoreError>)
   if (Exit.isSuccess(exit)) return 0
-  const failure = Cause.failureOption(exit.cause)
+  const failure = Cause.findErrorOption(exit.cause)
   if (Option.isSome(failure) && failure.value instanceof UsageError) return fatal(failure.value.message, 2)
   return fatal(describeFailure(exit.cause), 1)
 }

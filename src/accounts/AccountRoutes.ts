@@ -9,8 +9,8 @@
  * Cookie-authenticated mutations are refused unless same-origin and JSON (SameOrigin.ts), inside
  * `authenticateAccount`, which every route runs first.
  */
-import { HttpRouter, HttpServerRequest } from "@effect/platform"
-import { Effect } from "effect"
+import { Effect, Layer } from "effect"
+import { HttpRouter, HttpServerRequest } from "effect/http"
 import { Auth } from "../auth/Auth.js"
 import { Settings } from "../config/Live.js"
 import type { GatewayError } from "../errors/Catalog.js"
@@ -50,8 +50,9 @@ const renderSnapshotError = (error: GatewayError) => (error.status === 403 ? ren
 
 const param = (name: string) => Effect.map(HttpRouter.params, (params) => params[name])
 
-export const accountRoutes = HttpRouter.empty.pipe(
-  HttpRouter.get(
+export const accountRoutes = Layer.mergeAll(
+  HttpRouter.add(
+    "GET",
     "/api/user/me",
     handle(
       renderSnapshotError,
@@ -63,7 +64,8 @@ export const accountRoutes = HttpRouter.empty.pipe(
       })
     )
   ),
-  HttpRouter.get(
+  HttpRouter.add(
+    "GET",
     "/api/user/me/metrics",
     Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
       handle(
@@ -77,7 +79,8 @@ export const accountRoutes = HttpRouter.empty.pipe(
         })
       ))
   ),
-  HttpRouter.get(
+  HttpRouter.add(
+    "GET",
     "/api/user/me/requests",
     Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
       handle(
@@ -90,7 +93,8 @@ export const accountRoutes = HttpRouter.empty.pipe(
         })
       ))
   ),
-  HttpRouter.post(
+  HttpRouter.add(
+    "POST",
     "/api/user/sfw",
     Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
       handle(
@@ -108,14 +112,16 @@ export const accountRoutes = HttpRouter.empty.pipe(
         })
       ))
   ),
-  HttpRouter.get(
+  HttpRouter.add(
+    "GET",
     "/api/user/me/keys",
     handle(
       renderAccount,
       Effect.flatMap(authenticateAccount, listKeys).pipe(Effect.map((data) => json({ success: true, data })))
     )
   ),
-  HttpRouter.post(
+  HttpRouter.add(
+    "POST",
     "/api/user/me/keys",
     Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
       handle(
@@ -127,7 +133,8 @@ export const accountRoutes = HttpRouter.empty.pipe(
         })
       ))
   ),
-  HttpRouter.del(
+  HttpRouter.add(
+    "DELETE",
     "/api/user/me/keys/:id",
     handle(
       renderAccount,
@@ -138,7 +145,8 @@ export const accountRoutes = HttpRouter.empty.pipe(
       })
     )
   ),
-  HttpRouter.get(
+  HttpRouter.add(
+    "GET",
     "/api/user/me/keys/:id/reveal",
     handle(
       renderAccount,
@@ -149,7 +157,8 @@ export const accountRoutes = HttpRouter.empty.pipe(
       })
     )
   ),
-  HttpRouter.post(
+  HttpRouter.add(
+    "POST",
     "/api/user/me/rotate-key",
     handle(
       renderAccount,

@@ -1,5 +1,5 @@
-import { SqlClient } from "@effect/sql"
 import { Context, Effect, Layer } from "effect"
+import { SqlClient } from "effect/sql"
 import * as Crypto from "node:crypto"
 import { generateKey, hashKey, keyPrefixOf, LEGACY_PREFIX, open, randomBase62, seal } from "../auth/KeyMaterial.js"
 import { Settings } from "../config/Live.js"
@@ -71,7 +71,7 @@ export const truncateLabel = (label: string): string => Array.from(label).slice(
 
 const keyAad = (id: number) => `api_key:${id}`
 
-export class AccountsRepo extends Context.Tag("wellspring/accounts/AccountsRepo")<AccountsRepo, {
+export class AccountsRepo extends Context.Service<AccountsRepo, {
   readonly createAccount: (input: NewAccount) => Effect.Effect<AccountRow>
   readonly findAccount: (id: string) => Effect.Effect<AccountRow | null>
   readonly findAccountByUsername: (username: string) => Effect.Effect<AccountRow | null>
@@ -117,7 +117,7 @@ export class AccountsRepo extends Context.Tag("wellspring/accounts/AccountsRepo"
   } | null>
   /** Today's leaderboard, aggregated at most once per 30 s for every caller of this replica. */
   readonly leaderboard: Leaderboard
-}>() {}
+}>()("wellspring/accounts/AccountsRepo") {}
 
 export const make = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient

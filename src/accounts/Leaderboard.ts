@@ -1,5 +1,5 @@
-import { SqlClient } from "@effect/sql"
-import { Clock, Effect, Option } from "effect"
+import { Clock, Effect, Option, Semaphore } from "effect"
+import type { SqlClient } from "effect/sql"
 import { DAY_MS } from "../quota/Policy.js"
 
 /**
@@ -72,7 +72,7 @@ export const makeLeaderboard = (
   ttlMs: number = LEADERBOARD_TTL_MS
 ): Effect.Effect<Leaderboard> =>
   Effect.gen(function*() {
-    const lock = yield* Effect.makeSemaphore(1)
+    const lock = yield* Semaphore.make(1)
     let current: Board | null = null
     let computations = 0
 

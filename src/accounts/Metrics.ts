@@ -1,6 +1,7 @@
-import { SqlClient, type Statement } from "@effect/sql"
 import { Clock, Effect } from "effect"
+import { SqlClient, type Statement } from "effect/sql"
 import { fail, type GatewayError } from "../errors/Catalog.js"
+import { cleanText } from "../telemetry/RequestLog.js"
 
 /** Allowed `range` values, their length and the series bucket size (about 50–60 buckets each). */
 export const RANGES = {
@@ -35,9 +36,16 @@ export const parseRange = (raw: string | null): Effect.Effect<Range, GatewayErro
   }))
 }
 
-/** `model`: not validated against the catalog, truncated to 128 characters; empty means unset. */
-export const parseModel = (raw: string | null): string | null =>
-  raw === null || raw === "" ? null : Array.from(raw).slice(0, MODEL_FILTER_MAX).join("")
+/**
+ * `model`: not validated against the catalog, truncated to 128 characters; empty means unset. Control characters
+ * and lone surrogates are cleaned as they are in stored rows (a NUL would be refused by the database), so the
+ * filter matches what was recorded.
+ */
+export const parseModel = (raw: string | null): string | null => {
+  if (raw === null || raw === "") return null
+  const cut = Array.from(raw).slice(0, MODEL_FILTER_MAX).join("")
+  return cleanText(cut, cut.length)
+}
 
 /** `limit` of the requests endpoint. */
 export const REQUESTS_DEFAULT = 20

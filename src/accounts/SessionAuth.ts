@@ -1,5 +1,5 @@
-import { HttpServerRequest } from "@effect/platform"
 import { Effect } from "effect"
+import { HttpServerRequest } from "effect/http"
 import { Auth, type Caller } from "../auth/Auth.js"
 import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"

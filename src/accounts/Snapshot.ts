@@ -1,5 +1,5 @@
-import { SqlClient } from "@effect/sql"
 import { Clock, Effect } from "effect"
+import { SqlClient } from "effect/sql"
 import type { PlanConfig } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"

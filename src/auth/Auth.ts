@@ -1,6 +1,6 @@
-import { SqlClient } from "@effect/sql"
 import { PgClient } from "@effect/sql-pg"
 import { Clock, Context, Duration, Effect, Layer, Option, Schedule, Stream } from "effect"
+import type { SqlClient } from "effect/sql"
 import { type AccountRow, AccountsRepo, type KeyRow } from "../accounts/AccountsRepo.js"
 import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
@@ -25,7 +25,7 @@ const POSITIVE_TTL_MS = 60_000
 const NEGATIVE_TTL_MS = 5_000
 const TOUCH_EVERY_MS = 60_000
 
-export class Auth extends Context.Tag("wellspring/auth/Auth")<Auth, {
+export class Auth extends Context.Service<Auth, {
   /** Resolves a bearer key through the cache; 401 `invalid_api_key` otherwise. */
   readonly authenticateKey: (authorization: string | undefined) => Effect.Effect<Caller, GatewayError>
   /** Resolves a `ws-session` cookie token; null when absent or unknown. */
@@ -38,7 +38,7 @@ export class Auth extends Context.Tag("wellspring/auth/Auth")<Auth, {
   readonly gate: (caller: Caller, headers: Readonly<Record<string, string | undefined>>) => Effect.Effect<void, GatewayError>
   /** Pending last-used stamps are written now (shutdown, tests). */
   readonly flushTouches: Effect.Effect<void>
-}>() {}
+}>()("wellspring/auth/Auth") {}
 
 export const bearerToken = (authorization: string | undefined): string | null => {
   if (!authorization) return null
@@ -82,10 +82,10 @@ export const make = Effect.gen(function*() {
 
   const announce = (message: string) =>
     Effect.sync(() => dropLocal(message)).pipe(
-      Effect.zipRight(
+      Effect.andThen(
         Option.isSome(pg) && !settings.embedded
           ? notify(pg.value, INVALIDATION_CHANNEL, message).pipe(
-            Effect.catchAll((error) => Effect.logWarning("auth invalidation not announced", error))
+            Effect.catch((error) => Effect.logWarning("auth invalidation not announced", error))
           )
           : Effect.void
       )
@@ -93,9 +93,14 @@ export const make = Effect.gen(function*() {
 
   // Other replicas' announcements. Embedded mode runs one process, so local invalidation is enough.
   if (Option.isSome(pg) && !settings.embedded) {
-    yield* pg.value.listen(INVALIDATION_CHANNEL).pipe(
-      Stream.runForEach((message) => Effect.sync(() => dropLocal(message))),
-      Effect.catchAll((error) => Effect.logWarning("auth invalidation listener failed", error)),
+    const client = pg.value
+    // `listen` holds a connection for its scope and fails the queue when that connection is lost: each round
+    // gets its own scope, so a retry listens on a fresh connection.
+    yield* Effect.scoped(Effect.flatMap(client.listen(INVALIDATION_CHANNEL), (notifications) =>
+      Stream.fromQueue(notifications).pipe(
+        Stream.runForEach((notification) => Effect.sync(() => dropLocal(notification.payload)))
+      ))).pipe(
+      Effect.catch((error) => Effect.logWarning("auth invalidation listener failed", error)),
       Effect.repeat(Schedule.spaced(Duration.seconds(1))),
       Effect.forkScoped
     )
@@ -108,7 +113,7 @@ export const make = Effect.gen(function*() {
   })
   // A failed write (database briefly down) must not end the loop: later stamps would never be written.
   yield* flushTouches.pipe(
-    Effect.catchAllCause((cause) => Effect.logWarning("key last-used stamps not written", cause)),
+    Effect.catchCause((cause) => Effect.logWarning("key last-used stamps not written", cause)),
     Effect.repeat(Schedule.spaced(Duration.seconds(5))),
     Effect.forkScoped
   )
@@ -178,6 +183,6 @@ export const make = Effect.gen(function*() {
   })
 })
 
-export const layer = Layer.scoped(Auth, make)
+export const layer = Layer.effect(Auth, make)
 
 export type { SqlClient }

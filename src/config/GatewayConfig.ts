@@ -1,81 +1,94 @@
-import { Either, ParseResult, Schema } from "effect"
+import { Effect, Result, Schema, SchemaIssue } from "effect"
 import * as Fs from "node:fs"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
 
-const PositiveInt = Schema.Int.pipe(Schema.positive())
-const NonNegativeInt = Schema.Int.pipe(Schema.nonNegative())
-const NonNegative = Schema.Number.pipe(Schema.nonNegative())
+const PositiveInt = Schema.Int.check(Schema.isGreaterThan(0))
+const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
+const NonNegative = Schema.Number.check(Schema.isGreaterThanOrEqualTo(0))
+const Positive = Schema.Number.check(Schema.isGreaterThan(0))
 
-export const ReasoningEffort = Schema.Literal("none", "low", "high", "max")
+/**
+ * A field that may be left out (or be `undefined`) in the file; decoding fills in `value()`, a fresh value per
+ * decode. The decoded type keeps the field required.
+ */
+const withDefault = <S extends Schema.Top>(value: () => S["Type"]) => (schema: S) =>
+  Schema.withDecodingDefaultType<S>(Effect.sync(value))(schema)
+
+const pattern = (regex: RegExp, message?: string) =>
+  Schema.String.check(Schema.isPattern(regex, message === undefined ? undefined : { message }))
+
+export const ReasoningEffort = Schema.Literals(["none", "low", "high", "max"])
 export type ReasoningEffort = typeof ReasoningEffort.Type
 
-export const Origin = Schema.Literal("inference", "account", "status")
+export const Origin = Schema.Literals(["inference", "account", "status"])
 export type Origin = typeof Origin.Type
 
 export const Listener = Schema.Struct({
-  host: Schema.optionalWith(Schema.String, { default: () => "127.0.0.1" }),
+  host: Schema.String.pipe(withDefault(() => "127.0.0.1")),
   port: NonNegativeInt,
-  origins: Schema.optionalWith(Schema.Array(Origin), { default: () => ["inference", "account", "status"] as const })
+  origins: Schema.Array(Origin).pipe(withDefault((): ReadonlyArray<Origin> => ["inference", "account", "status"]))
 })
 export type Listener = typeof Listener.Type
 
 export const Timeouts = Schema.Struct({
-  connect_ms: Schema.optionalWith(PositiveInt, { default: () => 5_000 }),
-  first_token_ms: Schema.optionalWith(PositiveInt, { default: () => 60_000 }),
-  idle_ms: Schema.optionalWith(PositiveInt, { default: () => 60_000 }),
-  total_ms: Schema.optionalWith(PositiveInt, { default: () => 600_000 })
+  connect_ms: PositiveInt.pipe(withDefault(() => 5_000)),
+  first_token_ms: PositiveInt.pipe(withDefault(() => 60_000)),
+  idle_ms: PositiveInt.pipe(withDefault(() => 60_000)),
+  total_ms: PositiveInt.pipe(withDefault(() => 600_000))
 })
 export type Timeouts = typeof Timeouts.Type
 
 export const SimulatedProvider = Schema.Struct({
   kind: Schema.Literal("simulated"),
   /** Delay before the first token. */
-  first_token_ms: Schema.optionalWith(NonNegative, { default: () => 0 }),
+  first_token_ms: NonNegative.pipe(withDefault(() => 0)),
   /** 0 emits every token at once. */
-  tokens_per_second: Schema.optionalWith(NonNegative, { default: () => 0 })
+  tokens_per_second: NonNegative.pipe(withDefault(() => 0))
 })
 
 export const OpenAiCompatibleProvider = Schema.Struct({
   kind: Schema.Literal("openai-compatible"),
-  base_url: Schema.String.pipe(Schema.pattern(/^https?:\/\//)),
+  base_url: pattern(/^https?:\/\//),
   /**
    * Name of the environment variable holding the upstream API key. Restricted to `WELLSPRING_UPSTREAM_*` so a
    * catalog edit cannot send another secret of the process (DATABASE_URL, the encryption key) to an upstream.
    */
-  api_key_env: Schema.optional(Schema.String.pipe(Schema.pattern(/^WELLSPRING_UPSTREAM_[A-Z0-9_]{1,64}$/, {
-    message: () => "api_key_env must name a variable WELLSPRING_UPSTREAM_<NAME> (A-Z, 0-9, _)"
-  }))),
-  connections: Schema.optionalWith(PositiveInt, { default: () => 64 }),
-  timeouts: Schema.optionalWith(Timeouts, { default: () => Timeouts.make({}) })
+  api_key_env: Schema.optional(pattern(
+    /^WELLSPRING_UPSTREAM_[A-Z0-9_]{1,64}$/,
+    "api_key_env must name a variable WELLSPRING_UPSTREAM_<NAME> (A-Z, 0-9, _)"
+  )),
+  connections: PositiveInt.pipe(withDefault(() => 64)),
+  // Decoding defaults are not constructor defaults in v4: decode `{}` to get the defaulted record.
+  timeouts: Timeouts.pipe(withDefault(() => Schema.decodeSync(Timeouts)({})))
 })
 
-export const Provider = Schema.Union(SimulatedProvider, OpenAiCompatibleProvider)
+export const Provider = Schema.Union([SimulatedProvider, OpenAiCompatibleProvider])
 export type Provider = typeof Provider.Type
 
 export const ModelConfig = Schema.Struct({
-  id: Schema.String.pipe(Schema.pattern(/^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$/)),
+  id: pattern(/^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$/),
   owned_by: Schema.String,
   display_name: Schema.optional(Schema.String),
-  created: Schema.optionalWith(NonNegativeInt, { default: () => 1_767_225_600 }),
-  supports_tools: Schema.optionalWith(Schema.Boolean, { default: () => false }),
-  supports_reasoning: Schema.optionalWith(Schema.Boolean, { default: () => false }),
-  supports_images: Schema.optionalWith(Schema.Boolean, { default: () => false }),
-  supports_embeddings: Schema.optionalWith(Schema.Boolean, { default: () => false }),
+  created: NonNegativeInt.pipe(withDefault(() => 1_767_225_600)),
+  supports_tools: Schema.Boolean.pipe(withDefault(() => false)),
+  supports_reasoning: Schema.Boolean.pipe(withDefault(() => false)),
+  supports_images: Schema.Boolean.pipe(withDefault(() => false)),
+  supports_embeddings: Schema.Boolean.pipe(withDefault(() => false)),
   /** False for embedding-only models. */
-  supports_chat: Schema.optionalWith(Schema.Boolean, { default: () => true }),
-  reasoning_efforts: Schema.optionalWith(Schema.Array(ReasoningEffort), { default: () => [] }),
+  supports_chat: Schema.Boolean.pipe(withDefault(() => true)),
+  reasoning_efforts: Schema.Array(ReasoningEffort).pipe(withDefault((): ReadonlyArray<ReasoningEffort> => [])),
   max_input_tokens: PositiveInt,
   max_output_tokens: PositiveInt,
   rate_limit_rpm: PositiveInt,
   /** Concurrent in-flight requests across all accounts; full gives 529. */
   concurrency: PositiveInt,
   /** Raw tokens per day shared by all accounts, reset at 09:00 KST. Null: no cap. */
-  daily_cap: Schema.optionalWith(Schema.NullOr(PositiveInt), { default: () => null }),
-  weights: Schema.optionalWith(Schema.Struct({ input: NonNegative, output: NonNegative }), {
-    default: () => ({ input: 1, output: 1 })
-  }),
-  disabled: Schema.optionalWith(Schema.Boolean, { default: () => false }),
+  daily_cap: Schema.NullOr(PositiveInt).pipe(withDefault((): number | null => null)),
+  weights: Schema.Struct({ input: NonNegative, output: NonNegative }).pipe(
+    withDefault(() => ({ input: 1, output: 1 }))
+  ),
+  disabled: Schema.Boolean.pipe(withDefault(() => false)),
   disabled_note: Schema.optional(Schema.String),
   route: Schema.Struct({ provider: Schema.String, model: Schema.String })
 })
@@ -84,9 +97,9 @@ export type ModelConfig = typeof ModelConfig.Type
 export const PlanConfig = Schema.Struct({
   session_limit: PositiveInt,
   weekly_limit: PositiveInt,
-  session_hours: Schema.optionalWith(Schema.Number.pipe(Schema.positive()), { default: () => 5 }),
-  hide_absolutes: Schema.optionalWith(Schema.Boolean, { default: () => false }),
-  show_request_pct: Schema.optionalWith(Schema.Boolean, { default: () => false })
+  session_hours: Positive.pipe(withDefault(() => 5)),
+  hide_absolutes: Schema.Boolean.pipe(withDefault(() => false)),
+  show_request_pct: Schema.Boolean.pipe(withDefault(() => false))
 })
 export type PlanConfig = typeof PlanConfig.Type
 
@@ -97,38 +110,33 @@ export const AbuseConfig = Schema.Struct({
 })
 
 export const AccessConfig = Schema.Struct({
-  email_enforcement: Schema.optionalWith(Schema.Boolean, { default: () => false }),
-  region_lock: Schema.optionalWith(
-    Schema.Struct({
-      enabled: Schema.Boolean,
-      /** Header set by a trusted proxy with the ISO country code. */
-      header: Schema.optionalWith(Schema.String, { default: () => "cf-ipcountry" }),
-      allowed_countries: Schema.Array(Schema.String)
-    }),
-    { default: () => ({ enabled: false, header: "cf-ipcountry", allowed_countries: [] }) }
-  )
+  email_enforcement: Schema.Boolean.pipe(withDefault(() => false)),
+  region_lock: Schema.Struct({
+    enabled: Schema.Boolean,
+    /** Header set by a trusted proxy with the ISO country code. */
+    header: Schema.String.pipe(withDefault(() => "cf-ipcountry")),
+    allowed_countries: Schema.Array(Schema.String)
+  }).pipe(withDefault(() => ({ enabled: false, header: "cf-ipcountry", allowed_countries: [] })))
 })
 
 export const Catalog = Schema.Struct({
   models: Schema.Array(ModelConfig),
-  providers: Schema.Record({ key: Schema.String, value: Provider })
-}).pipe(
-  Schema.filter((catalog) => {
-    const issues: Array<Schema.FilterIssue> = []
-    const seen = new Set<string>()
-    catalog.models.forEach((model, i) => {
-      if (seen.has(model.id)) issues.push({ path: ["models", i, "id"], message: `duplicate model id ${model.id}` })
-      seen.add(model.id)
-      if (!(model.route.provider in catalog.providers)) {
-        issues.push({ path: ["models", i, "route", "provider"], message: `unknown provider ${model.route.provider}` })
-      }
-      if (model.supports_reasoning && model.reasoning_efforts.length === 0) {
-        issues.push({ path: ["models", i, "reasoning_efforts"], message: "a reasoning model needs allowed efforts" })
-      }
-    })
-    return issues
+  providers: Schema.Record(Schema.String, Provider)
+}).check(Schema.makeFilter((catalog) => {
+  const issues: Array<Schema.FilterIssue> = []
+  const seen = new Set<string>()
+  catalog.models.forEach((model, i) => {
+    if (seen.has(model.id)) issues.push({ path: ["models", i, "id"], issue: `duplicate model id ${model.id}` })
+    seen.add(model.id)
+    if (!(model.route.provider in catalog.providers)) {
+      issues.push({ path: ["models", i, "route", "provider"], issue: `unknown provider ${model.route.provider}` })
+    }
+    if (model.supports_reasoning && model.reasoning_efforts.length === 0) {
+      issues.push({ path: ["models", i, "reasoning_efforts"], issue: "a reasoning model needs allowed efforts" })
+    }
   })
-)
+  return issues
+}))
 export type Catalog = typeof Catalog.Type
 
 /**
@@ -137,82 +145,75 @@ export type Catalog = typeof Catalog.Type
  */
 export const LimitsConfig = Schema.Struct({
   /** Largest request body, enforced while reading (413 before the whole body arrives). */
-  body_bytes: Schema.optionalWith(PositiveInt, { default: () => 4 * 1024 * 1024 }),
+  body_bytes: PositiveInt.pipe(withDefault(() => 4 * 1024 * 1024)),
   /** Deepest JSON nesting of a body (objects and arrays). */
-  json_depth: Schema.optionalWith(PositiveInt, { default: () => 64 }),
+  json_depth: PositiveInt.pipe(withDefault(() => 64)),
   /** Messages per chat request. */
-  messages: Schema.optionalWith(PositiveInt, { default: () => 1024 }),
+  messages: PositiveInt.pipe(withDefault(() => 1024)),
   /** Characters of one text (a message content, text part, reasoning, tool arguments). */
-  text_chars: Schema.optionalWith(PositiveInt, { default: () => 1024 * 1024 }),
+  text_chars: PositiveInt.pipe(withDefault(() => 1024 * 1024)),
   /** Characters of one `image_url.url` (data: URIs included). */
-  image_url_chars: Schema.optionalWith(PositiveInt, { default: () => 2 * 1024 * 1024 }),
+  image_url_chars: PositiveInt.pipe(withDefault(() => 2 * 1024 * 1024)),
   /** Nesting depth of a tool's `parameters` JSON Schema. */
-  tool_schema_depth: Schema.optionalWith(PositiveInt, { default: () => 16 }),
+  tool_schema_depth: PositiveInt.pipe(withDefault(() => 16)),
   /** Serialized size of one tool definition. */
-  tool_schema_bytes: Schema.optionalWith(PositiveInt, { default: () => 64 * 1024 }),
+  tool_schema_bytes: PositiveInt.pipe(withDefault(() => 64 * 1024)),
   /** Inputs of one embeddings request. */
-  embedding_inputs: Schema.optionalWith(PositiveInt, { default: () => 256 }),
+  embedding_inputs: PositiveInt.pipe(withDefault(() => 256)),
   /** Failed requests (4xx of the client's own making) per key per minute before 429 without parsing. */
-  failed_requests_per_minute: Schema.optionalWith(PositiveInt, { default: () => 60 }),
+  failed_requests_per_minute: PositiveInt.pipe(withDefault(() => 60)),
   /** `GET /api/user/me` per account per minute. */
-  snapshot_per_minute: Schema.optionalWith(PositiveInt, { default: () => 60 }),
+  snapshot_per_minute: PositiveInt.pipe(withDefault(() => 60)),
   /** Open connections per listener; beyond it new connections are refused. */
-  connections: Schema.optionalWith(PositiveInt, { default: () => 4096 }),
+  connections: PositiveInt.pipe(withDefault(() => 4096)),
   /** Time to receive the request headers. */
-  headers_timeout_seconds: Schema.optionalWith(PositiveInt, { default: () => 15 }),
+  headers_timeout_seconds: PositiveInt.pipe(withDefault(() => 15)),
   /** Time to receive the whole request (headers and body). */
-  body_timeout_seconds: Schema.optionalWith(PositiveInt, { default: () => 30 }),
+  body_timeout_seconds: PositiveInt.pipe(withDefault(() => 30)),
   /** Idle time of a kept-alive connection between requests. */
-  keep_alive_seconds: Schema.optionalWith(PositiveInt, { default: () => 65 })
+  keep_alive_seconds: PositiveInt.pipe(withDefault(() => 65))
 })
 export type LimitsConfig = typeof LimitsConfig.Type
 
 export const GatewayConfig = Schema.Struct({
-  listeners: Schema.optionalWith(Schema.NonEmptyArray(Listener), {
-    default: () => [{ host: "127.0.0.1", port: 8080, origins: ["inference", "account", "status"] as const }]
-  }),
-  data_dir: Schema.optionalWith(Schema.String, { default: () => "./data" }),
-  database_url: Schema.optional(Schema.Redacted(Schema.String)),
-  redis_url: Schema.optional(Schema.Redacted(Schema.String)),
-  /** Prefix of every admission key in Redis (env `WELLSPRING_REDIS_PREFIX`); lets deployments share one Redis. */
-  redis_key_prefix: Schema.optionalWith(Schema.String.pipe(Schema.pattern(/^[A-Za-z0-9:_.\-]{1,64}$/)), {
-    default: () => "ws:q:"
-  }),
-  /** Base64 of 32 bytes; enables key reveal and BYOK. Generated into data_dir in embedded mode. */
-  encryption_key: Schema.optional(Schema.Redacted(Schema.String)),
-  key_prefix: Schema.optionalWith(Schema.String.pipe(Schema.pattern(/^[a-z][a-z0-9-]{1,15}$/)), {
-    default: () => "sk-ws-"
-  }),
-  catalog_reload_seconds: Schema.optionalWith(Schema.Number.pipe(Schema.positive()), { default: () => 5 }),
-  access: Schema.optionalWith(AccessConfig, { default: () => AccessConfig.make({}) }),
-  default_plan: Schema.optionalWith(Schema.String, { default: () => "default" }),
-  plans: Schema.Record({ key: Schema.String, value: PlanConfig }),
-  abuse: AbuseConfig,
-  request_log: Schema.optionalWith(
-    Schema.Struct({
-      batch_size: Schema.optionalWith(PositiveInt, { default: () => 500 }),
-      flush_ms: Schema.optionalWith(PositiveInt, { default: () => 200 })
-    }),
-    { default: () => ({ batch_size: 500, flush_ms: 200 }) }
+  listeners: Schema.NonEmptyArray(Listener).pipe(
+    withDefault((): readonly [Listener, ...Array<Listener>] => [
+      { host: "127.0.0.1", port: 8080, origins: ["inference", "account", "status"] }
+    ])
   ),
-  shutdown_grace_seconds: Schema.optionalWith(NonNegative, { default: () => 20 }),
-  limits: Schema.optionalWith(LimitsConfig, { default: () => LimitsConfig.make({}) }),
+  data_dir: Schema.String.pipe(withDefault(() => "./data")),
+  database_url: Schema.optional(Schema.RedactedFromValue(Schema.String)),
+  redis_url: Schema.optional(Schema.RedactedFromValue(Schema.String)),
+  /** Prefix of every admission key in Redis (env `WELLSPRING_REDIS_PREFIX`); lets deployments share one Redis. */
+  redis_key_prefix: pattern(/^[A-Za-z0-9:_.\-]{1,64}$/).pipe(withDefault(() => "ws:q:")),
+  /** Base64 of 32 bytes; enables key reveal and BYOK. Generated into data_dir in embedded mode. */
+  encryption_key: Schema.optional(Schema.RedactedFromValue(Schema.String)),
+  key_prefix: pattern(/^[a-z][a-z0-9-]{1,15}$/).pipe(withDefault(() => "sk-ws-")),
+  catalog_reload_seconds: Positive.pipe(withDefault(() => 5)),
+  access: AccessConfig.pipe(withDefault(() => Schema.decodeSync(AccessConfig)({}))),
+  default_plan: Schema.String.pipe(withDefault(() => "default")),
+  plans: Schema.Record(Schema.String, PlanConfig),
+  abuse: AbuseConfig,
+  request_log: Schema.Struct({
+    batch_size: PositiveInt.pipe(withDefault(() => 500)),
+    flush_ms: PositiveInt.pipe(withDefault(() => 200))
+  }).pipe(withDefault(() => ({ batch_size: 500, flush_ms: 200 }))),
+  shutdown_grace_seconds: NonNegative.pipe(withDefault(() => 20)),
+  limits: LimitsConfig.pipe(withDefault(() => Schema.decodeSync(LimitsConfig)({}))),
   /**
    * Origins (scheme://host[:port]) besides the request's own host from which cookie-authenticated
    * mutations of the account API are accepted (a dashboard served from another origin).
    */
-  dashboard_origins: Schema.optionalWith(Schema.Array(Schema.String.pipe(Schema.pattern(/^https?:\/\/[^/\s]+$/))), {
-    default: () => []
-  }),
-  dev_account: Schema.optionalWith(Schema.Boolean, { default: () => true }),
+  dashboard_origins: Schema.Array(pattern(/^https?:\/\/[^/\s]+$/)).pipe(
+    withDefault((): ReadonlyArray<string> => [])
+  ),
+  dev_account: Schema.Boolean.pipe(withDefault(() => true)),
   catalog: Catalog
-}).pipe(
-  Schema.filter((config) =>
-    config.default_plan in config.plans
-      ? undefined
-      : { path: ["default_plan"], message: `no plan named ${config.default_plan}` }
-  )
-)
+}).check(Schema.makeFilter((config) =>
+  config.default_plan in config.plans
+    ? undefined
+    : { path: ["default_plan"], issue: `no plan named ${config.default_plan}` }
+))
 export type GatewayConfig = typeof GatewayConfig.Type
 export type GatewayConfigEncoded = typeof GatewayConfig.Encoded
 
@@ -228,26 +229,32 @@ export const parseYaml = (text: string, source: string): unknown => {
   }
 }
 
-const formatIssues = (error: ParseResult.ParseError): string =>
-  ParseResult.ArrayFormatter.formatErrorSync(error)
-    .map((issue) => `${issue.path.length ? issue.path.join(".") : "(root)"}: ${issue.message}`)
+const standardFormatter = SchemaIssue.makeFormatterStandardSchemaV1()
+
+/** `path.to.field: message; ...`, one entry per issue (the layout of v3's ArrayFormatter). */
+const formatIssues = (error: Schema.SchemaError): string =>
+  standardFormatter(error.issue).issues
+    .map((issue) => {
+      const path = (issue.path ?? []).map((p) => String(typeof p === "object" ? p.key : p))
+      return `${path.length ? path.join(".") : "(root)"}: ${issue.message}`
+    })
     .join("; ")
 
-const decodeConfig = Schema.decodeUnknownEither(GatewayConfig, { errors: "all", onExcessProperty: "error" })
-const decodeCatalogEither = Schema.decodeUnknownEither(Catalog, { errors: "all", onExcessProperty: "error" })
+const decodeConfig = Schema.decodeUnknownResult(GatewayConfig, { errors: "all", onExcessProperty: "error" })
+const decodeCatalogResult = Schema.decodeUnknownResult(Catalog, { errors: "all", onExcessProperty: "error" })
 
 export const decodeGatewayConfig = (raw: unknown, source: string): GatewayConfig => {
   const result = decodeConfig(raw)
-  if (Either.isLeft(result)) throw new ConfigLoadError(`${source}: ${formatIssues(result.left)}`)
-  return result.right
+  if (Result.isFailure(result)) throw new ConfigLoadError(`${source}: ${formatIssues(result.failure)}`)
+  return result.success
 }
 
 /** Decodes the catalog part of a config file; used by live reload. */
 export const decodeCatalog = (raw: unknown, source: string): Catalog => {
   const catalog = typeof raw === "object" && raw !== null ? (raw as Record<string, unknown>).catalog : undefined
-  const result = decodeCatalogEither(catalog)
-  if (Either.isLeft(result)) throw new ConfigLoadError(`${source}: catalog.${formatIssues(result.left)}`)
-  return result.right
+  const result = decodeCatalogResult(catalog)
+  if (Result.isFailure(result)) throw new ConfigLoadError(`${source}: catalog.${formatIssues(result.failure)}`)
+  return result.success
 }
 
 /** Command-line flags recognised by `npm start -- --flag value`. */

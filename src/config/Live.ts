@@ -7,7 +7,7 @@ import type { Catalog, GatewayConfig, ModelConfig, PlanConfig } from "./GatewayC
 import { readCatalogFile } from "./GatewayConfig.js"
 
 /** Static settings decided at boot. */
-export class Settings extends Context.Tag("wellspring/config/Settings")<Settings, {
+export class Settings extends Context.Service<Settings, {
   readonly config: GatewayConfig
   /** Path of the config file, watched for catalog changes. */
   readonly path: string
@@ -15,7 +15,7 @@ export class Settings extends Context.Tag("wellspring/config/Settings")<Settings
   readonly encryptionKey: Buffer | null
   readonly embedded: boolean
   readonly planFor: (name: string | null) => PlanConfig
-}>() {}
+}>()("wellspring/config/Settings") {}
 
 /** An indexed, immutable view of one catalog version. */
 export interface CatalogView {
@@ -33,13 +33,13 @@ export const indexCatalog = (catalog: Catalog, version: number): CatalogView => 
   listed: catalog.models.filter((m) => !m.disabled)
 })
 
-export class LiveCatalog extends Context.Tag("wellspring/config/LiveCatalog")<LiveCatalog, {
+export class LiveCatalog extends Context.Service<LiveCatalog, {
   /** Synchronous read for the hot path. */
   readonly current: () => CatalogView
   readonly changes: Stream.Stream<CatalogView>
   /** Re-reads the file now; false when the new file was rejected. */
   readonly reload: Effect.Effect<boolean>
-}>() {}
+}>()("wellspring/config/LiveCatalog") {}
 
 const fingerprint = (path: string): string | null => {
   try {
@@ -54,7 +54,7 @@ const fingerprint = (path: string): string | null => {
  * Polls the config file every `catalog_reload_seconds` (on the Effect clock, so TestClock drives it).
  * A changed, valid catalog replaces the current one; an invalid edit keeps the previous catalog and logs why.
  */
-export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.DurationInput) =>
+export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.Input) =>
   Effect.gen(function*() {
     let view = indexCatalog(initial, 1)
     let seen = fingerprint(path)
@@ -69,7 +69,7 @@ export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.
         view = next
         lastRejection = ""
         return SubscriptionRef.set(ref, next).pipe(
-          Effect.zipRight(Effect.logInfo("catalog reloaded").pipe(
+          Effect.andThen(Effect.logInfo("catalog reloaded").pipe(
             Effect.annotateLogs({ version: next.version, models: next.catalog.models.length })
           )),
           Effect.as(true)
@@ -84,7 +84,7 @@ export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.
       }
     })
     yield* reload.pipe(Effect.repeat(Schedule.spaced(every)), Effect.forkScoped)
-    return LiveCatalog.of({ current: () => view, changes: ref.changes, reload })
+    return LiveCatalog.of({ current: () => view, changes: SubscriptionRef.changes(ref), reload })
   })
 
 /** Reads a key file; null when it does not exist. */
@@ -147,7 +147,7 @@ const loadOrCreateKey = (config: GatewayConfig): Buffer | null => {
   return loadOrCreateKeyFile(config.data_dir)
 }
 
-export const makeSettings = (config: GatewayConfig, path: string): Context.Tag.Service<Settings> => ({
+export const makeSettings = (config: GatewayConfig, path: string): Context.Service.Shape<typeof Settings> => ({
   config,
   path,
   encryptionKey: loadOrCreateKey(config),
@@ -158,5 +158,5 @@ export const makeSettings = (config: GatewayConfig, path: string): Context.Tag.S
 export const layer = (config: GatewayConfig, path: string) =>
   Layer.merge(
     Layer.sync(Settings, () => makeSettings(config, path)),
-    Layer.scoped(LiveCatalog, makeLiveCatalog(path, config.catalog, Duration.seconds(config.catalog_reload_seconds)))
+    Layer.effect(LiveCatalog, makeLiveCatalog(path, config.catalog, Duration.seconds(config.catalog_reload_seconds)))
   )

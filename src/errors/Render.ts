@@ -1,4 +1,4 @@
-import { HttpServerResponse } from "@effect/platform"
+import { HttpServerResponse } from "effect/http"
 import { Catalog, type GatewayError } from "./Catalog.js"
 
 /** A 429 whose wait is longer than this tells SDKs not to retry (they would retry within seconds). */
@@ -40,20 +40,20 @@ export const inferenceBody = (error: GatewayError) => {
 }
 
 export const renderInference = (error: GatewayError): HttpServerResponse.HttpServerResponse =>
-  HttpServerResponse.unsafeJson(inferenceBody(error), { status: error.status, headers: retryHeaders(error) })
+  HttpServerResponse.jsonUnsafe(inferenceBody(error), { status: error.status, headers: retryHeaders(error) })
 
 /** Image endpoint: `{statusCode, message}`. */
 export const imageBody = (error: GatewayError) => ({ statusCode: error.status, message: error.userMessage })
 
 export const renderImage = (error: GatewayError): HttpServerResponse.HttpServerResponse =>
-  HttpServerResponse.unsafeJson(imageBody(error), { status: error.status, headers: retryHeaders(error) })
+  HttpServerResponse.jsonUnsafe(imageBody(error), { status: error.status, headers: retryHeaders(error) })
 
 /** Wrapped account endpoints: `{success: false, error: {message, type, code?}}`. */
 export const accountBody = (error: GatewayError) => ({ success: false as const, ...inferenceBody(error) })
 
 export const renderAccount = (error: GatewayError): HttpServerResponse.HttpServerResponse =>
-  HttpServerResponse.unsafeJson(accountBody(error), { status: error.status, headers: retryHeaders(error) })
+  HttpServerResponse.jsonUnsafe(accountBody(error), { status: error.status, headers: retryHeaders(error) })
 
 /** Bare `{error: "<string>"}` (the 403 of GET /api/user/me). */
 export const renderBare = (error: GatewayError): HttpServerResponse.HttpServerResponse =>
-  HttpServerResponse.unsafeJson({ error: error.userMessage }, { status: error.status })
+  HttpServerResponse.jsonUnsafe({ error: error.userMessage }, { status: error.status })

@@ -4,9 +4,10 @@
  * Refusals leave the rest of the body unread; the server answers them with `Connection: close` (see Server.ts)
  * so Node does not drain it.
  */
-import type { HttpServerRequest } from "@effect/platform"
 import { NodeHttpServerRequest } from "@effect/platform-node"
 import { Effect } from "effect"
+import type { HttpServerRequest } from "effect/http"
+import type * as Http from "node:http"
 import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
 
@@ -41,10 +42,12 @@ export const readBoundedText = (
   limitBytes: number
 ): Effect.Effect<string, GatewayError> =>
   Effect.suspend(() => {
-    const incoming = NodeHttpServerRequest.toIncomingMessage(request)
+    // HTTP/1.1 only (our own `http.createServer`), so always an `IncomingMessage`.
+    const incoming = NodeHttpServerRequest.toIncomingMessage(request) as Http.IncomingMessage
     if (declaredOver(incoming.headers, limitBytes)) return Effect.fail(tooLarge(limitBytes))
     if (incoming.readableEnded) return Effect.succeed("")
-    return Effect.async<string, GatewayError>((resume) => {
+    // `resume` only: declaring a second (`signal`) parameter makes v4 allocate an AbortController per call.
+    return Effect.callback<string, GatewayError>((resume) => {
       const decoder = new TextDecoder("utf-8", { fatal: true })
       const parts: Array<string> = []
       let bytes = 0

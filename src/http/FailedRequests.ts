@@ -90,13 +90,13 @@ export const makeCounter = (limit: number, maxKeys = MAX_TRACKED_KEYS): FailureC
   }
 }
 
-export class FailedRequests extends Context.Tag("wellspring/http/FailedRequests")<FailedRequests, {
+export class FailedRequests extends Context.Service<FailedRequests, {
   /** Fails with 429 `too_many_failed_requests` when the key is over its failed-request limit. */
   readonly check: (keyId: number) => Effect.Effect<void, GatewayError>
   /** Counts the error against the key when it is a failure of the client's own making. */
   readonly record: (keyId: number, error: GatewayError) => Effect.Effect<void>
   readonly trackedKeys: Effect.Effect<number>
-}>() {}
+}>()("wellspring/http/FailedRequests") {}
 
 export const make = (limit: number, maxKeys = MAX_TRACKED_KEYS) => {
   const counter = makeCounter(limit, maxKeys)

@@ -1,10 +1,12 @@
-import { HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Cause, Clock, Effect, FiberRef } from "effect"
+import { Cause, Clock, Context, Effect } from "effect"
+import { type HttpServerRequest, HttpServerResponse } from "effect/http"
 import * as Crypto from "node:crypto"
 import { fail, GatewayError } from "../errors/Catalog.js"
 
-/** Correlation id of the current request (`x-wellspring-request-id`). */
-export const currentRequestId = FiberRef.unsafeMake<string>("")
+/** Correlation id of the current request (`x-wellspring-request-id`); read it with `yield* currentRequestId`. */
+export const currentRequestId = Context.Reference<string>("wellspring/http/CurrentRequestId", {
+  defaultValue: () => ""
+})
 
 export const REQUEST_ID_HEADER = "x-wellspring-request-id"
 
@@ -61,8 +63,12 @@ const reportOutage = (cause: Cause.Cause<unknown>) =>
 
 /** 503 `service_unavailable` when the store is down, 500 `internal_error` for any other defect. */
 export const defectCode = (cause: Cause.Cause<unknown>): "service_unavailable" | "internal_error" => {
-  const errors = [...Cause.defects(cause), ...Cause.failures(cause)]
-  return errors.some(isStoreOutage) ? "service_unavailable" : "internal_error"
+  for (const reason of cause.reasons) {
+    if (Cause.isDieReason(reason) ? isStoreOutage(reason.defect) : Cause.isFailReason(reason) && isStoreOutage(reason.error)) {
+      return "service_unavailable"
+    }
+  }
+  return "internal_error"
 }
 
 /**
@@ -76,18 +82,18 @@ export const handle = <R>(
   Effect.suspend(() => {
     const id = newRequestId()
     return handler.pipe(
-      Effect.catchAllCause((cause) => {
-        const failure = Cause.failureOption(cause)
+      Effect.catchCause((cause) => {
+        const failure = Cause.findErrorOption(cause)
         if (failure._tag === "Some" && failure.value instanceof GatewayError) {
           return Effect.succeed(closingIfRefused(failure.value, render(failure.value)))
         }
-        if (Cause.isInterruptedOnly(cause)) return Effect.failCause(cause) as never
+        if (Cause.hasInterruptsOnly(cause)) return Effect.failCause(cause) as never
         const code = defectCode(cause)
         const report = code === "service_unavailable" ? reportOutage(cause) : Effect.logError("unhandled defect", cause)
         return report.pipe(Effect.as(render(fail(code))))
       }),
       Effect.map((response) => HttpServerResponse.setHeader(response, REQUEST_ID_HEADER, id)),
-      Effect.locally(currentRequestId, id)
+      Effect.provideService(currentRequestId, id)
     )
   })
 
@@ -96,6 +102,6 @@ export const headersOf = (request: HttpServerRequest.HttpServerRequest): Readonl
   request.headers as Readonly<Record<string, string | undefined>>
 
 export const json = (body: unknown, status = 200, headers?: Record<string, string>) =>
-  HttpServerResponse.unsafeJson(body, headers ? { status, headers } : { status })
+  HttpServerResponse.jsonUnsafe(body, headers ? { status, headers } : { status })
 
 export { GatewayError }

@@ -1,7 +1,6 @@
-import { HttpMiddleware, HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import type { RouteNotFound } from "@effect/platform/HttpServerError"
 import { NodeHttpServer, NodeHttpServerRequest } from "@effect/platform-node"
-import { Cause, Context, Deferred, Duration, Effect, Layer, Runtime } from "effect"
+import { Cause, Context, Deferred, Duration, Effect, Exit, Layer, Scope } from "effect"
+import { HttpRouter, HttpServerError, HttpServerRequest, HttpServerResponse } from "effect/http"
 import * as Http from "node:http"
 import type { AddressInfo, Socket } from "node:net"
 import type { Duplex } from "node:stream"
@@ -12,8 +11,12 @@ import { inferenceBody } from "../errors/Render.js"
 import { declaredOver } from "./Body.js"
 import { defectCode, newRequestId, REQUEST_ID_HEADER } from "./Respond.js"
 
-/** Routers contributed by each domain, grouped by the origin that serves them. */
-export type Routes<R> = Readonly<Record<Origin, HttpRouter.HttpRouter<unknown, R>>>
+/**
+ * Routes contributed by each domain, grouped by the origin that serves them: a layer of `HttpRouter.add(...)`
+ * registrations per origin (`Layer.mergeAll` of them; `Layer.empty` for none). `R` is what the route layers
+ * require: the router and the handlers' `HttpRouter.Request<"Requires" | "Error", …>` markers.
+ */
+export type Routes<R> = Readonly<Record<Origin, Layer.Layer<never, never, R>>>
 
 export interface Bound {
   readonly host: string
@@ -22,42 +25,50 @@ export interface Bound {
 }
 
 /** The listeners actually bound (port 0 resolved). */
-export class BoundListeners extends Context.Tag("wellspring/http/BoundListeners")<BoundListeners, {
+export class BoundListeners extends Context.Service<BoundListeners, {
   readonly listeners: ReadonlyArray<Bound>
   /** Stops accepting; open requests get the grace period, then sockets are destroyed. */
   readonly drain: Effect.Effect<void>
-}>() {}
+}>()("wellspring/http/BoundListeners") {}
 
 const notFound = Effect.sync(() =>
-  HttpServerResponse.unsafeJson(inferenceBody(fail("not_found")), {
+  HttpServerResponse.jsonUnsafe(inferenceBody(fail("not_found")), {
     status: 404,
     headers: { [REQUEST_ID_HEADER]: newRequestId() }
   })
 )
 
+/** A failure of the router itself: no route matched this method and path. */
+const isRouteNotFound = (error: unknown): error is HttpServerError.HttpServerError =>
+  HttpServerError.isHttpServerError(error) && error.reason._tag === "RouteNotFound"
+
+/** The router of one listener (its origins' routes) with 404, defect → 500/503 and the request id header. */
 const appFor = <R>(origins: ReadonlyArray<Origin>, routes: Routes<R>) =>
-  Effect.map(HttpRouter.toHttpApp(HttpRouter.concatAll(...origins.map((o) => routes[o]))), (app) =>
-  app.pipe(
-    Effect.catchIf((e): e is RouteNotFound => (e as { _tag?: string })?._tag === "RouteNotFound", () => notFound),
-    Effect.catchAllCause((cause) =>
-      // A client that went away interrupts its fiber: nothing to answer, nothing to report.
-      Cause.isInterruptedOnly(cause)
-        ? Effect.failCause(cause)
-        : Effect.logError("request failed outside a handler", cause).pipe(
-          Effect.map(() => {
-            const error = fail(defectCode(cause))
-            return HttpServerResponse.unsafeJson(inferenceBody(error), { status: error.status })
-          })
-        )
-    ),
-    // Every response carries a request id, also from routes that do not go through `handle`.
-    Effect.map((response) =>
-      response.headers[REQUEST_ID_HEADER] === undefined
-        ? HttpServerResponse.setHeader(response, REQUEST_ID_HEADER, newRequestId())
-        : response
-    ),
-    Effect.zipWith(HttpServerRequest.HttpServerRequest, closeIfBodyUnread)
-  ))
+  Effect.map(HttpRouter.toHttpEffect(mergeRoutes(origins.map((o) => routes[o]))), (app) =>
+    app.pipe(
+      Effect.catchIf(isRouteNotFound, () => notFound),
+      Effect.catchCause((cause) =>
+        // A client that went away interrupts its fiber: nothing to answer, nothing to report.
+        Cause.hasInterruptsOnly(cause)
+          ? Effect.failCause(cause)
+          : Effect.logError("request failed outside a handler", cause).pipe(
+            Effect.map(() => {
+              const error = fail(defectCode(cause))
+              return HttpServerResponse.jsonUnsafe(inferenceBody(error), { status: error.status })
+            })
+          )
+      ),
+      // Every response carries a request id, also from routes that do not go through `handle`.
+      Effect.map((response) =>
+        response.headers[REQUEST_ID_HEADER] === undefined
+          ? HttpServerResponse.setHeader(response, REQUEST_ID_HEADER, newRequestId())
+          : response
+      ),
+      Effect.zipWith(HttpServerRequest.HttpServerRequest, closeIfBodyUnread)
+    ))
+
+const mergeRoutes = <R>(layers: ReadonlyArray<Layer.Layer<never, never, R>>): Layer.Layer<never, never, R> =>
+  layers.length === 0 ? Layer.empty as Layer.Layer<never, never, R> : Layer.mergeAll(layers[0]!, ...layers.slice(1))
 
 /** Unread bodies up to this size are discarded by Node to keep the connection; cheaper than a new one. */
 const DRAIN_BYTES = 64 * 1024
@@ -71,7 +82,7 @@ const closeIfBodyUnread = (
   request: HttpServerRequest.HttpServerRequest
 ) => {
   if (response.headers["connection"] !== undefined) return response
-  const incoming = NodeHttpServerRequest.toIncomingMessage(request)
+  const incoming = NodeHttpServerRequest.toIncomingMessage(request) as Http.IncomingMessage
   if (incoming.complete) return response
   // Without Content-Length or Transfer-Encoding a request has no body (a GET, typically).
   const declared = incoming.headers["content-length"]
@@ -142,7 +153,7 @@ const answerClientErrors = (server: Http.Server) =>
   })
 
 const listen = (server: Http.Server, listener: Listener) =>
-  Effect.async<number, Error>((resume) => {
+  Effect.callback<number, Error>((resume) => {
     const onError = (error: Error) => resume(Effect.fail(error))
     server.once("error", onError)
     server.listen(listener.port, listener.host, () => {
@@ -185,24 +196,53 @@ const trackConnections = (server: Http.Server) => {
   }
 }
 
-export const layer = <R>(routes: Routes<R>) => Layer.scoped(
+/** What the route layers of `routes` require, all origins together. */
+type RoutesServices<Rs extends Routes<any>> = Layer.Services<Rs[Origin]>
+
+export const layer = <Rs extends Routes<any>>(routes: Rs) => Layer.effect(
   BoundListeners,
   Effect.gen(function*() {
     const settings = yield* Settings
     const grace = Duration.seconds(settings.config.shutdown_grace_seconds)
-    const runtime = yield* Effect.runtime<never>()
+    const runFork = Effect.runForkWith(yield* Effect.context<never>())
     const servers: Array<Http.Server> = []
     const closeIdle: Array<() => void> = []
     const bound: Array<Bound> = []
-    for (const listener of settings.config.listeners) {
-      // No per-request tracing spans: they cost 20-30% of the hot path and nothing exports them.
-      const handler = yield* NodeHttpServer.makeHandler(yield* appFor(listener.origins, routes)).pipe(
-        Effect.locally(HttpMiddleware.currentTracerDisabledWhen, () => true),
-        Effect.withTracerEnabled(false)
+    let drained: Deferred.Deferred<void> | null = null
+    const drain = Effect.gen(function*() {
+      if (drained) return yield* Deferred.await(drained)
+      drained = yield* Deferred.make<void>()
+      const closed = servers.map((server) =>
+        Effect.callback<void>((resume) => {
+          server.close(() => resume(Effect.void))
+        })
       )
+      closeIdle.forEach((close) => close())
+      // Finalizers run uninterruptibly: without `interruptible` the timeout could not stop the wait, and
+      // the grace period would last until the last connection closed by itself.
+      yield* Effect.all(closed, { concurrency: "unbounded", discard: true }).pipe(
+        Effect.interruptible,
+        Effect.as(true),
+        Effect.timeoutOrElse({ duration: grace, orElse: () => Effect.succeed(false) }),
+        Effect.flatMap((clean) =>
+          clean ? Effect.void : Effect.logWarning("grace period over; closing open connections")
+        ),
+        Effect.ensuring(Effect.sync(() => servers.forEach((s) => s.closeAllConnections())))
+      )
+      yield* Deferred.succeed(drained, undefined)
+    })
+    // Request fibers live in this scope (NodeHttpServer.makeHandler registers each one) and are interrupted
+    // when it closes: only after the drain, so open requests get the grace period first.
+    const requests = yield* Scope.make("parallel")
+    yield* Effect.addFinalizer((exit) => Effect.ensuring(drain, Scope.close(requests, exit.pipe(Exit.asVoid))))
+    for (const listener of settings.config.listeners) {
+      // No per-request tracing spans: they cost 20-30% of the hot path and nothing exports them. The handler
+      // runs every request with the services captured here, so the setting holds for all of them.
+      const handler = yield* NodeHttpServer.makeHandler(yield* appFor(listener.origins, routes as Routes<RoutesServices<Rs>>), { scope: requests })
+        .pipe(Effect.withTracerEnabled(false))
       const limits = settings.config.limits
       const server = Http.createServer(serverOptions(limits), handler)
-      capConnections(server, limits.connections, (message) => Runtime.runFork(runtime)(Effect.logWarning(message)))
+      capConnections(server, limits.connections, (message) => runFork(Effect.logWarning(message)))
       refuseOversizedContinue(server, limits.body_bytes)
       answerClientErrors(server)
       const port = yield* listen(server, listener).pipe(
@@ -213,29 +253,6 @@ export const layer = <R>(routes: Routes<R>) => Layer.scoped(
       closeIdle.push(trackConnections(server))
       bound.push({ host: listener.host, port, origins: listener.origins })
     }
-    let drained: Deferred.Deferred<void> | null = null
-    const drain = Effect.gen(function*() {
-      if (drained) return yield* Deferred.await(drained)
-      drained = yield* Deferred.make<void>()
-      const closed = servers.map((server) =>
-        Effect.async<void>((resume) => {
-          server.close(() => resume(Effect.void))
-        })
-      )
-      closeIdle.forEach((close) => close())
-      // Finalizers run uninterruptibly: without `interruptible` the timeout could not stop the wait, and
-      // the grace period would last until the last connection closed by itself.
-      yield* Effect.all(closed, { concurrency: "unbounded", discard: true }).pipe(
-        Effect.interruptible,
-        Effect.timeoutTo({ duration: grace, onSuccess: () => true, onTimeout: () => false }),
-        Effect.flatMap((clean) =>
-          clean ? Effect.void : Effect.logWarning("grace period over; closing open connections")
-        ),
-        Effect.ensuring(Effect.sync(() => servers.forEach((s) => s.closeAllConnections())))
-      )
-      yield* Deferred.succeed(drained, undefined)
-    })
-    yield* Effect.addFinalizer(() => drain)
     return BoundListeners.of({ listeners: bound, drain })
   })
 )

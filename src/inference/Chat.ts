@@ -1,5 +1,5 @@
-import { HttpRouter, HttpServerRequest, HttpServerResponse } from "@effect/platform"
-import { Cause, Effect, Exit, FiberRef, Option, Scope } from "effect"
+import { Cause, type Context, Effect, Exit, Scope } from "effect"
+import { HttpRouter, HttpServerRequest, HttpServerResponse } from "effect/http"
 import { Auth, type Caller } from "../auth/Auth.js"
 import type { ModelConfig, PlanConfig } from "../config/GatewayConfig.js"
 import { LiveCatalog, Settings } from "../config/Live.js"
@@ -57,7 +57,7 @@ export class Exchange {
   provider: string | null = null
   estimatedInput = 0
   ticket: Ticket | null = null
-  scope: Scope.CloseableScope | null = null
+  scope: Scope.Closeable | null = null
   ttfbMs: number | null = null
   /** When the upstream request was sent, and when its first event came (performance.now()). */
   dispatchedAt: number | null = null
@@ -70,7 +70,7 @@ export class Exchange {
     readonly caller: Caller,
     readonly rowId: number,
     readonly requestId: string,
-    readonly log: RequestLog["Type"]
+    readonly log: Context.Service.Shape<typeof RequestLog>
   ) {}
 
   markFirstByte() {
@@ -107,12 +107,12 @@ export class Exchange {
    * Reserves through admission into a scope this exchange owns (closed by `finish`); the request's scope,
    * which closes after the response is written, is the backstop that finishes it as cancelled.
    */
-  admit(admission: Admission["Type"], input: AdmitInput) {
-    return Effect.gen(this, function*() {
+  admit(admission: Context.Service.Shape<typeof Admission>, input: AdmitInput) {
+    return Effect.gen({ self: this }, function*() {
       const scope = yield* Scope.make()
       this.scope = scope
       yield* Effect.addFinalizer(() => this.finish({ status: "cancelled" }))
-      this.ticket = yield* Scope.extend(admission.admit(input), scope)
+      this.ticket = yield* Scope.provide(admission.admit(input), scope)
     })
   }
 
@@ -138,8 +138,8 @@ export class Exchange {
       const serverSide = error !== undefined && error.detail !== undefined &&
         (error.status >= 500 || isUpstreamFailure(error))
       return (serverSide ? Effect.logWarning("request failed", error.detail) : Effect.void).pipe(
-        Effect.zipRight(settle),
-        Effect.tap((settled) => {
+        Effect.andThen(settle),
+        Effect.map((settled) => {
           const now = performance.now()
           const duration = Math.max(0, Math.round(now - this.startedAt))
           const counted = delivered ? usage : null
@@ -178,6 +178,7 @@ export class Exchange {
               : (error.detail ?? error.userMessage).slice(0, 500),
             created_at: this.createdAt
           })
+          return settled
         }),
         Effect.ensuring(this.scope ? Scope.close(this.scope, Exit.void) : Effect.void)
       )
@@ -187,9 +188,9 @@ export class Exchange {
 
 /** What a failed request's row records: its GatewayError, `internal_error` for a defect, null when interrupted. */
 const failureOf = (cause: Cause.Cause<GatewayError>): GatewayError | null => {
-  const failure = Cause.failureOption(cause)
-  if (Option.isSome(failure)) return failure.value
-  if (Cause.isInterruptedOnly(cause)) return null
+  const failure = Cause.findErrorOption(cause)
+  if (failure._tag === "Some") return failure.value
+  if (Cause.hasInterruptsOnly(cause)) return null
   // The defect itself is logged by `handle`; the row records the code it answered with.
   return fail(defectCode(cause))
 }
@@ -313,7 +314,7 @@ const complete = (
     const headers = settled && exchange.ticket
       ? quotaHeaders(settled.standing, exchange.ticket.rpm, exchange.rowId)
       : { "x-request-id": String(exchange.rowId) }
-    return HttpServerResponse.unsafeJson(body, { headers })
+    return HttpServerResponse.jsonUnsafe(body, { headers })
   })
 
 /** SSE framing of one answer; the last data frame carries usage, receipt and finish_reason. */
@@ -381,12 +382,12 @@ const streamed = (
   request: UpstreamRequest
 ) =>
   Effect.gen(function*() {
-    const runtime = yield* Effect.runtime<never>()
+    const context = yield* Effect.context<never>()
     const framing = sseFraming(exchange, plan)
     exchange.markDispatched()
     // A failure before the first event (or before the wait for it ran out) is still a JSON error.
     const body = yield* sseBody(
-      runtime,
+      context,
       exchange.scope!,
       (sink) => adapter.open(request, sink),
       framing.head,
@@ -435,7 +436,8 @@ const validate = (req: ChatRequest, model: ModelConfig | undefined) => {
   return null
 }
 
-export const chatCompletions = HttpRouter.post(
+export const chatCompletions = HttpRouter.add(
+  "POST",
   "/v1/chat/completions",
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest
@@ -449,7 +451,7 @@ export const chatCompletions = HttpRouter.post(
     const pipeline = Effect.gen(function*() {
       const caller = yield* auth.authenticateKey(request.headers.authorization)
       yield* guardFailures(caller)
-      const requestId = yield* FiberRef.get(currentRequestId)
+      const requestId = yield* currentRequestId
       const exchange = new Exchange(caller, yield* log.nextId, requestId, log)
 
       const run = Effect.gen(function*() {
@@ -458,7 +460,7 @@ export const chatCompletions = HttpRouter.post(
         const limits = settings.config.limits
         const body = yield* parseBody(text, limits.json_depth)
         exchange.modelId = modelIdOfBody(body)
-        const req = yield* decodeChatRequest(body, limits)
+        const req = yield* Effect.fromResult(decodeChatRequest(body, limits))
         exchange.stream = req.stream === true
         exchange.hadTools = (req.tools?.length ?? 0) > 0
         exchange.toolChoice = toolChoiceLabel(req.tool_choice)
@@ -514,13 +516,13 @@ export const finishing = <R>(
   run: Effect.Effect<HttpServerResponse.HttpServerResponse, GatewayError, R>
 ) =>
   run.pipe(
-    Effect.tapErrorCause((cause) => {
+    Effect.tapCause((cause) => {
       const error = failureOf(cause)
       return error ? exchange.finish({ status: "error", error }) : Effect.void
     }),
     Effect.onInterrupt(() => exchange.finish({ status: "cancelled" })),
     Effect.tapError((error) => recordFailure(exchange.caller, error)),
-    Effect.catchAll((error) => Effect.succeed(renderWithRow(error, exchange.rowId)))
+    Effect.catch((error) => Effect.succeed(renderWithRow(error, exchange.rowId)))
   )
 
 export { inferenceBody }

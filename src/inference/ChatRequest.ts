@@ -1,9 +1,9 @@
-import { Either, ParseResult, Schema } from "effect"
+import { Result, Schema, type SchemaAST, type SchemaIssue } from "effect"
 import type { LimitsConfig } from "../config/GatewayConfig.js"
 import { type Code, fail, type GatewayError } from "../errors/Catalog.js"
 import { exceedsJsonBounds, formatPath } from "./JsonGuard.js"
 
-const opt = <S extends Schema.Schema.All>(schema: S) => Schema.optionalWith(schema, { exact: true })
+const opt = <S extends Schema.Top>(schema: S) => Schema.optionalKey(schema)
 
 /** Longest `model` accepted (catalog ids are at most 128; BYOK references name a provider, a label and a model). */
 export const MODEL_CHARS = 256
@@ -20,7 +20,7 @@ export const MAX_TOOLS = 128
 export const MAX_CONTENT_PARTS = 4096
 export const MAX_TOOL_CALLS = 4096
 
-export const Bounded = (max: number) => Schema.String.pipe(Schema.maxLength(max))
+export const Bounded = (max: number) => Schema.String.check(Schema.isMaxLength(max))
 
 // Flat schemas built once at module scope; unknown fields are stripped on decode (never forwarded).
 // Bounds fixed by the contract live here; bounds taken from `limits` (config) are checked by `checkRaw` (before
@@ -30,14 +30,14 @@ export const TextPart = Schema.Struct({ type: Schema.Literal("text"), text: Sche
 export const ImagePart = Schema.Struct({
   type: Schema.Literal("image_url"),
   image_url: Schema.Struct({
-    url: Schema.String.pipe(Schema.filter((u) => u.startsWith("https://") || u.startsWith("data:"), {
-      message: () => "image_url.url must be an https URL or a data: URI"
+    url: Schema.String.check(Schema.makeFilter((u) => u.startsWith("https://") || u.startsWith("data:"), {
+      message: "image_url.url must be an https URL or a data: URI"
     })),
-    detail: opt(Schema.Literal("auto", "low", "high"))
+    detail: opt(Schema.Literals(["auto", "low", "high"]))
   })
 })
-export const ContentPart = Schema.Union(TextPart, ImagePart)
-const Content = Schema.Union(Schema.String, Schema.Array(ContentPart))
+export const ContentPart = Schema.Union([TextPart, ImagePart])
+const Content = Schema.Union([Schema.String, Schema.Array(ContentPart)])
 
 export const ToolCall = Schema.Struct({
   id: Bounded(ID_CHARS),
@@ -58,10 +58,11 @@ export const ToolMessage = Schema.Struct({
   tool_call_id: Bounded(ID_CHARS),
   content: Schema.String
 })
-export const Message = Schema.Union(SystemMessage, UserMessage, AssistantMessage, ToolMessage)
+export const Message = Schema.Union([SystemMessage, UserMessage, AssistantMessage, ToolMessage])
 
-export const ToolName = Schema.String.pipe(Schema.pattern(/^[a-zA-Z0-9_-]{1,64}$/, {
-  message: () => "tool name must match ^[a-zA-Z0-9_-]{1,64}$"
+// The `u` flag lets Effect 4 put the pattern in the JSON Schema (it exports no pattern without it); same matches.
+export const ToolName = Schema.String.check(Schema.isPattern(/^[a-zA-Z0-9_-]{1,64}$/u, {
+  message: "tool name must match ^[a-zA-Z0-9_-]{1,64}$"
 }))
 
 export const ToolDefinition = Schema.Struct({
@@ -69,34 +70,34 @@ export const ToolDefinition = Schema.Struct({
   function: Schema.Struct({
     name: ToolName,
     description: opt(Schema.String),
-    parameters: opt(Schema.Record({ key: Schema.String, value: Schema.Unknown })),
+    parameters: opt(Schema.Record(Schema.String, Schema.Unknown)),
     strict: opt(Schema.Boolean)
   })
 })
 
-export const ToolChoice = Schema.Union(
-  Schema.Literal("auto", "required", "none"),
+export const ToolChoice = Schema.Union([
+  Schema.Literals(["auto", "required", "none"]),
   Schema.Struct({ type: Schema.Literal("function"), function: Schema.Struct({ name: Bounded(ID_CHARS) }) })
-)
+])
 
 export const ChatRequest = Schema.Struct({
   model: Bounded(MODEL_CHARS),
-  messages: Schema.Array(Message).pipe(Schema.minItems(1)),
+  messages: Schema.Array(Message).check(Schema.isMinLength(1)),
   stream: opt(Schema.Boolean),
-  temperature: opt(Schema.Number.pipe(Schema.finite(), Schema.between(0, 2))),
-  max_tokens: opt(Schema.Int.pipe(Schema.positive())),
-  top_p: opt(Schema.Number.pipe(Schema.finite(), Schema.between(0, 1))),
-  stop: opt(Schema.Union(Bounded(STOP_CHARS), Schema.Array(Bounded(STOP_CHARS)).pipe(Schema.maxItems(STOP_SEQUENCES)))),
+  temperature: opt(Schema.Number.check(Schema.isFinite(), Schema.isBetween({ minimum: 0, maximum: 2 }))),
+  max_tokens: opt(Schema.Int.check(Schema.isGreaterThan(0))),
+  top_p: opt(Schema.Number.check(Schema.isFinite(), Schema.isBetween({ minimum: 0, maximum: 1 }))),
+  stop: opt(Schema.Union([Bounded(STOP_CHARS), Schema.Array(Bounded(STOP_CHARS)).check(Schema.isMaxLength(STOP_SEQUENCES))])),
   reasoning_effort: opt(Schema.String),
-  tools: opt(Schema.Array(ToolDefinition).pipe(Schema.maxItems(MAX_TOOLS, {
-    message: () => "at most 128 tools"
+  tools: opt(Schema.Array(ToolDefinition).check(Schema.isMaxLength(MAX_TOOLS, {
+    message: "at most 128 tools"
   }))),
   tool_choice: opt(ToolChoice),
   parallel_tool_calls: opt(Schema.Boolean)
-}).annotations({ identifier: "ChatCompletionRequest" })
+}).annotate({ identifier: "ChatCompletionRequest" })
 export type ChatRequest = typeof ChatRequest.Type
 
-const decode = Schema.decodeUnknownEither(ChatRequest)
+const decode = Schema.decodeUnknownResult(ChatRequest)
 
 /** What the user is told per top-level field; the path of the offending value is appended. */
 const FIELD_MESSAGES: Record<string, string> = {
@@ -118,28 +119,63 @@ interface Located {
   readonly missing: boolean
 }
 
+/** The value at `key` of `value`, when `value` is an object or an array (what a Pointer into it points at). */
+const child = (value: unknown, key: PropertyKey): unknown =>
+  typeof value === "object" && value !== null ? (value as Record<PropertyKey, unknown>)[key] : undefined
+
+/** Keys whose value is a literal in some object member of `union` (its discriminators: `role`, `type`), in member order. */
+const discriminators = (union: SchemaAST.Union): ReadonlyArray<PropertyKey> => {
+  const keys: Array<PropertyKey> = []
+  for (const member of union.types) {
+    if (member._tag !== "Objects") continue
+    for (const property of member.propertySignatures) {
+      const type = property.type
+      const literal = type._tag === "Literal" ||
+        (type._tag === "Union" && type.types.length > 0 && type.types.every((t) => t._tag === "Literal"))
+      if (literal && !keys.includes(property.name)) keys.push(property.name)
+    }
+  }
+  return keys
+}
+
+/**
+ * Where a union that no member applied to went wrong. Effect reports it with no sub-issue (and without the
+ * value's path inside it), so this reads the value itself: an object (or array) whose discriminator key (`role`,
+ * `type`) is absent or names no member points at that key, as Effect 3 did; anything else points at the value.
+ */
+const locateUnmatched = (union: SchemaAST.Union, path: ReadonlyArray<PropertyKey>, value: unknown): Located => {
+  if (typeof value !== "object" || value === null) return { path, missing: false }
+  const key = discriminators(union)[0]
+  if (key === undefined) return { path, missing: false }
+  return { path: path.concat(key), missing: !(key in value) }
+}
+
 /**
  * The path of the most specific leaf issue (the deepest; for a union, the member that got furthest), read off
- * the issue tree without formatting any message: Effect's messages embed the offending value, which may be
- * megabytes.
+ * the issue tree without formatting any message (messages must never carry the client's value). `value` is the
+ * input at `path`, followed along the pointers.
  */
-const locate = (issue: ParseResult.ParseIssue, path: ReadonlyArray<PropertyKey> = []): Located => {
+const locate = (issue: SchemaIssue.Issue, value: unknown, path: ReadonlyArray<PropertyKey> = []): Located => {
   switch (issue._tag) {
-    case "Pointer":
-      return locate(issue.issue, path.concat(issue.path as PropertyKey | ReadonlyArray<PropertyKey>))
-    case "Composite": {
-      if (!Array.isArray(issue.issues)) return locate(issue.issues as ParseResult.ParseIssue, path)
+    case "Pointer": {
+      let at = value
+      for (const key of issue.path) at = child(at, key)
+      return locate(issue.issue, at, path.concat(issue.path))
+    }
+    case "Composite":
+    case "AnyOf": {
+      if (issue._tag === "AnyOf" && issue.issues.length === 0) return locateUnmatched(issue.ast, path, value)
       let best: Located | null = null
-      for (const sub of issue.issues as ReadonlyArray<ParseResult.ParseIssue>) {
-        const found = locate(sub, path)
+      for (const sub of issue.issues) {
+        const found = locate(sub, value, path)
         if (best === null || found.path.length > best.path.length) best = found
       }
       return best ?? { path, missing: false }
     }
-    case "Refinement":
-    case "Transformation":
-      return locate(issue.issue, path)
-    case "Missing":
+    case "Filter":
+    case "Encoding":
+      return locate(issue.issue, value, path)
+    case "MissingKey":
       return { path, missing: true }
     default:
       return { path, missing: false }
@@ -154,11 +190,12 @@ export const NOT_AN_OBJECT = "요청 본문은 JSON 객체여야 합니다."
  * the value itself nor Effect's English text.
  */
 export const describeDecodeFailure = (
-  error: ParseResult.ParseError,
+  error: Schema.SchemaError,
   fieldMessages: Readonly<Record<string, string>>,
-  keyMessages: Readonly<Record<string, Readonly<Record<string, string>>>> = {}
+  keyMessages: Readonly<Record<string, Readonly<Record<string, string>>>> = {},
+  input?: unknown
 ): { readonly field: string; readonly message: string } => {
-  const { path, missing } = locate(error.issue)
+  const { path, missing } = locate(error.issue, input)
   const field = typeof path[0] === "string" ? path[0] : ""
   if (field === "") return { field, message: NOT_AN_OBJECT }
   let lastKey: PropertyKey | undefined
@@ -192,8 +229,8 @@ const MESSAGE_KEY_MESSAGES: Record<string, string> = {
   tool_call_id: `tool_call_id 는 ${ID_CHARS}자 이하의 문자열이어야 합니다.`
 }
 
-const decodeFailure = (error: ParseResult.ParseError): GatewayError => {
-  const { field, message } = describeDecodeFailure(error, FIELD_MESSAGES, { messages: MESSAGE_KEY_MESSAGES })
+const decodeFailure = (error: Schema.SchemaError, input: unknown): GatewayError => {
+  const { field, message } = describeDecodeFailure(error, FIELD_MESSAGES, { messages: MESSAGE_KEY_MESSAGES }, input)
   return fail(field === "messages" ? "invalid_messages" : "invalid_request", { message })
 }
 
@@ -285,14 +322,14 @@ const checkTexts = (req: ChatRequest, limits: LimitsConfig): GatewayError | null
  * Decodes a parsed JSON body within `limits`; maps the first problem to the catalog with a Korean message
  * that names the field and its path, never the client's value.
  */
-export const decodeChatRequest = (body: unknown, limits: LimitsConfig): Either.Either<ChatRequest, GatewayError> => {
+export const decodeChatRequest = (body: unknown, limits: LimitsConfig): Result.Result<ChatRequest, GatewayError> => {
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    return Either.left(fail("invalid_request", { message: NOT_AN_OBJECT }))
+    return Result.fail(fail("invalid_request", { message: NOT_AN_OBJECT }))
   }
   const raw = checkRaw(body as Record<string, unknown>, limits)
-  if (raw) return Either.left(raw)
+  if (raw) return Result.fail(raw)
   const result = decode(body)
-  if (Either.isLeft(result)) return Either.left(decodeFailure(result.left))
-  const texts = checkTexts(result.right, limits)
-  return texts ? Either.left(texts) : Either.right(result.right)
+  if (Result.isFailure(result)) return Result.fail(decodeFailure(result.failure, body))
+  const texts = checkTexts(result.success, limits)
+  return texts ? Result.fail(texts) : Result.succeed(result.success)
 }

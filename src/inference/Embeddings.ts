@@ -1,5 +1,5 @@
-import { HttpRouter, HttpServerRequest } from "@effect/platform"
-import { Effect, Either, FiberRef, Schema } from "effect"
+import { Effect, Result, Schema } from "effect"
+import { HttpRouter, HttpServerRequest } from "effect/http"
 import { Auth } from "../auth/Auth.js"
 import { LiveCatalog, Settings } from "../config/Live.js"
 import type { LimitsConfig } from "../config/GatewayConfig.js"
@@ -23,11 +23,11 @@ export const EMBEDDING_DIMENSIONS = 1024
 /** The validating schema (OpenApi.ts may reuse it); counts and sizes from `limits` are checked around it. */
 export const EmbeddingsRequest = Schema.Struct({
   model: Bounded(MODEL_CHARS),
-  input: Schema.Union(Schema.String, Schema.Array(Schema.String).pipe(Schema.minItems(1))),
-  encoding_format: Schema.optionalWith(Schema.Literal("float", "base64"), { exact: true })
+  input: Schema.Union([Schema.String, Schema.Array(Schema.String).check(Schema.isMinLength(1))]),
+  encoding_format: Schema.optionalKey(Schema.Literals(["float", "base64"]))
 })
 export type EmbeddingsRequest = typeof EmbeddingsRequest.Type
-const decode = Schema.decodeUnknownEither(EmbeddingsRequest)
+const decode = Schema.decodeUnknownResult(EmbeddingsRequest)
 
 const FIELD_MESSAGES: Record<string, string> = {
   model: `model 은 ${MODEL_CHARS}자 이하의 문자열이어야 합니다.`,
@@ -39,37 +39,37 @@ const FIELD_MESSAGES: Record<string, string> = {
 export const decodeEmbeddingsRequest = (
   body: unknown,
   limits: LimitsConfig
-): Either.Either<EmbeddingsRequest, GatewayError> => {
+): Result.Result<EmbeddingsRequest, GatewayError> => {
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
-    return Either.left(fail("invalid_request", { message: NOT_AN_OBJECT }))
+    return Result.fail(fail("invalid_request", { message: NOT_AN_OBJECT }))
   }
   const input = (body as { readonly input?: unknown }).input
   if (Array.isArray(input)) {
     const first: unknown = input[0]
     if (typeof first === "number" || Array.isArray(first)) {
-      return Either.left(fail("invalid_request", {
+      return Result.fail(fail("invalid_request", {
         message: "토큰 배열 입력은 지원하지 않습니다. input 은 문자열 또는 문자열 배열이어야 합니다."
       }))
     }
     if (input.length > limits.embedding_inputs) {
-      return Either.left(fail("invalid_request", { message: `input 은 최대 ${limits.embedding_inputs}개까지 허용됩니다.` }))
+      return Result.fail(fail("invalid_request", { message: `input 은 최대 ${limits.embedding_inputs}개까지 허용됩니다.` }))
     }
   }
   const result = decode(body)
-  if (Either.isLeft(result)) {
-    return Either.left(fail("invalid_request", { message: describeDecodeFailure(result.left, FIELD_MESSAGES).message }))
+  if (Result.isFailure(result)) {
+    return Result.fail(fail("invalid_request", { message: describeDecodeFailure(result.failure, FIELD_MESSAGES, {}, body).message }))
   }
-  const req = result.right
+  const req = result.success
   if (typeof req.input === "string") {
-    if (req.input.length > limits.text_chars) return Either.left(tooLong("invalid_request", ["input"], limits.text_chars))
+    if (req.input.length > limits.text_chars) return Result.fail(tooLong("invalid_request", ["input"], limits.text_chars))
   } else {
     for (let i = 0; i < req.input.length; i++) {
       if (req.input[i]!.length > limits.text_chars) {
-        return Either.left(tooLong("invalid_request", ["input", i], limits.text_chars))
+        return Result.fail(tooLong("invalid_request", ["input", i], limits.text_chars))
       }
     }
   }
-  return Either.right(req)
+  return Result.succeed(req)
 }
 
 /** `encoding_format: "base64"`: the vector as little-endian float32, base64-encoded (what the openai SDK decodes). */
@@ -87,7 +87,8 @@ const fit = (vector: ReadonlyArray<number>): Array<number> => {
   return out.map((v) => v / norm)
 }
 
-export const embeddings = HttpRouter.post(
+export const embeddings = HttpRouter.add(
+  "POST",
   "/v1/embeddings",
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest
@@ -102,13 +103,13 @@ export const embeddings = HttpRouter.post(
       Effect.gen(function*() {
         const caller = yield* auth.authenticateKey(request.headers.authorization)
         yield* guardFailures(caller)
-        const exchange = new Exchange(caller, yield* log.nextId, yield* FiberRef.get(currentRequestId), log)
+        const exchange = new Exchange(caller, yield* log.nextId, yield* currentRequestId, log)
         const run = Effect.gen(function*() {
           yield* auth.gate(caller, headersOf(request))
           const limits = settings.config.limits
-            const body = yield* readJsonBody(yield* readText(request), limits.json_depth)
+          const body = yield* readJsonBody(yield* readText(request), limits.json_depth)
           exchange.modelId = modelIdOfBody(body)
-          const req = yield* decodeEmbeddingsRequest(body, limits)
+          const req = yield* Effect.fromResult(decodeEmbeddingsRequest(body, limits))
           const model = catalog.current().byId.get(req.model)
           if (!model || model.disabled) return yield* Effect.fail(fail("model_not_found"))
           if (!model.supports_embeddings) return yield* Effect.fail(fail("model_not_embedding"))

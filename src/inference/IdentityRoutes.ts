@@ -1,6 +1,6 @@
-import { HttpRouter, HttpServerRequest } from "@effect/platform"
-import { SqlClient } from "@effect/sql"
 import { Effect } from "effect"
+import { HttpRouter, HttpServerRequest } from "effect/http"
+import { SqlClient } from "effect/sql"
 import { Auth } from "../auth/Auth.js"
 import { Settings } from "../config/Live.js"
 import { renderInference } from "../errors/Render.js"
@@ -10,7 +10,8 @@ import { WEEK_MS } from "../quota/Policy.js"
 import { poolView } from "./Receipt.js"
 
 /** GET /v1/me: an explicit whitelist; the email address never leaves. */
-export const me = HttpRouter.get(
+export const me = HttpRouter.add(
+  "GET",
   "/v1/me",
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest
@@ -77,7 +78,8 @@ export const windowStart = (pool: PoolStanding, lengthMs: number): number | null
 export { WEEK_MS }
 
 /** GET /v1/usage: percentages only. */
-export const usage = HttpRouter.get(
+export const usage = HttpRouter.add(
+  "GET",
   "/v1/usage",
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest

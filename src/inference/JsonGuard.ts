@@ -1,4 +1,4 @@
-import { Effect, Either } from "effect"
+import { Effect, Result } from "effect"
 import { fail, type GatewayError } from "../errors/Catalog.js"
 
 const QUOTE = 34 // "
@@ -42,14 +42,14 @@ export const exceedsJsonDepth = (text: string, max: number): boolean => {
  * Parses a request body: 400 `invalid_request` when it nests deeper than `maxDepth` (checked before parsing,
  * so nothing downstream recurses over hostile depth), 400 `invalid_json` when it is not JSON.
  */
-export const parseJsonBody = (text: string, maxDepth: number): Either.Either<unknown, GatewayError> => {
+export const parseJsonBody = (text: string, maxDepth: number): Result.Result<unknown, GatewayError> => {
   if (exceedsJsonDepth(text, maxDepth)) {
-    return Either.left(fail("invalid_request", { message: `JSON 중첩이 너무 깊습니다. 최대 ${maxDepth}단계까지 허용됩니다.` }))
+    return Result.fail(fail("invalid_request", { message: `JSON 중첩이 너무 깊습니다. 최대 ${maxDepth}단계까지 허용됩니다.` }))
   }
   try {
-    return Either.right(JSON.parse(text))
+    return Result.succeed(JSON.parse(text))
   } catch {
-    return Either.left(fail("invalid_json"))
+    return Result.fail(fail("invalid_json"))
   }
 }
 
@@ -58,7 +58,7 @@ export const parseJsonBody = (text: string, maxDepth: number): Either.Either<unk
  * microtasks). Two `setImmediate` hops: called from an I/O callback, one hop would run in the same
  * iteration's check phase, before any other I/O.
  */
-export const nextTurn: Effect.Effect<void> = Effect.async<void>((resume) => {
+export const nextTurn: Effect.Effect<void> = Effect.callback<void>((resume) => {
   let handle = setImmediate(() => {
     handle = setImmediate(() => resume(Effect.void))
   })
@@ -74,8 +74,11 @@ const LARGE_BODY_CHARS = 64 * 1024
  */
 export const readJsonBody = (text: string, maxDepth: number): Effect.Effect<unknown, GatewayError> =>
   text.length <= LARGE_BODY_CHARS
-    ? parseJsonBody(text, maxDepth)
-    : nextTurn.pipe(Effect.zipRight(Effect.suspend(() => parseJsonBody(text, maxDepth))), Effect.zipLeft(nextTurn))
+    ? Effect.fromResult(parseJsonBody(text, maxDepth))
+    : nextTurn.pipe(
+      Effect.andThen(Effect.suspend(() => Effect.fromResult(parseJsonBody(text, maxDepth)))),
+      Effect.tap(() => nextTurn)
+    )
 
 /** What a request row records as `model_id` when the body names no usable model. */
 export const UNKNOWN_MODEL_ID = "(unknown)"

@@ -1,5 +1,5 @@
-import { HttpRouter, HttpServerRequest } from "@effect/platform"
 import { Effect } from "effect"
+import { HttpRouter, HttpServerRequest } from "effect/http"
 import { Auth } from "../auth/Auth.js"
 import type { ModelConfig } from "../config/GatewayConfig.js"
 import { type CatalogView, LiveCatalog } from "../config/Live.js"
@@ -30,7 +30,8 @@ const listFor = (view: CatalogView) => {
   return cached.body
 }
 
-export const listModels = HttpRouter.get(
+export const listModels = HttpRouter.add(
+  "GET",
   "/v1/models",
   Effect.gen(function*() {
     const request = yield* HttpServerRequest.HttpServerRequest

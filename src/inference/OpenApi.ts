@@ -1,5 +1,6 @@
-import { HttpApi, HttpApiEndpoint, HttpApiGroup, HttpRouter, HttpServerResponse, OpenApi, OpenApiJsonSchema } from "@effect/platform"
 import { Effect, Schema } from "effect"
+import { HttpRouter, HttpServerResponse } from "effect/http"
+import { HttpApi, HttpApiEndpoint, HttpApiGroup, HttpApiSchema, OpenApi } from "effect/http-api"
 import { Catalog, type Code } from "../errors/Catalog.js"
 import { ChatRequest, ToolCall } from "./ChatRequest.js"
 import { EmbeddingsRequest } from "./Embeddings.js"
@@ -9,31 +10,31 @@ const ErrorEnvelope = Schema.Struct({
   error: Schema.Struct({
     message: Schema.String,
     type: Schema.String,
-    code: Schema.optional(Schema.String),
-    resets_at: Schema.optional(Schema.String)
+    code: Schema.optionalKey(Schema.String),
+    resets_at: Schema.optionalKey(Schema.String)
   })
-}).annotations({ identifier: "ErrorEnvelope" })
+}).annotate({ identifier: "ErrorEnvelope" })
 
 const Pool = Schema.Struct({
   used_pct: Schema.Number,
   remaining_pct: Schema.Number,
   resets_at: Schema.NullOr(Schema.String),
   resets_in_seconds: Schema.Int,
-  request_pct: Schema.optional(Schema.Number)
-}).annotations({ identifier: "Pool" })
+  request_pct: Schema.optionalKey(Schema.Number)
+}).annotate({ identifier: "Pool" })
 
 const Receipt = Schema.Struct({
   request_id: Schema.String,
   session: Pool,
   weekly: Pool,
   rpm: Schema.Struct({ limit: Schema.Int, remaining: Schema.Int })
-}).annotations({ identifier: "QuotaReceipt" })
+}).annotate({ identifier: "QuotaReceipt" })
 
 const TokenUsage = Schema.Struct({
   prompt_tokens: Schema.Int,
   completion_tokens: Schema.Int,
   total_tokens: Schema.Int
-}).annotations({ identifier: "TokenUsage" })
+}).annotate({ identifier: "TokenUsage" })
 
 const ChatCompletion = Schema.Struct({
   id: Schema.String,
@@ -45,14 +46,14 @@ const ChatCompletion = Schema.Struct({
     message: Schema.Struct({
       role: Schema.Literal("assistant"),
       content: Schema.NullOr(Schema.String),
-      reasoning: Schema.optional(Schema.String),
-      tool_calls: Schema.optional(Schema.Array(ToolCall))
+      reasoning: Schema.optionalKey(Schema.String),
+      tool_calls: Schema.optionalKey(Schema.Array(ToolCall))
     }),
-    finish_reason: Schema.Literal("stop", "length", "tool_calls")
+    finish_reason: Schema.Literals(["stop", "length", "tool_calls"])
   })),
   usage: TokenUsage,
-  wellspring: Schema.optional(Receipt)
-}).annotations({ identifier: "ChatCompletion", description: "With stream: true the body is an SSE stream of chat.completion.chunk frames ending in data: [DONE]." })
+  wellspring: Schema.optionalKey(Receipt)
+}).annotate({ identifier: "ChatCompletion", description: "With stream: true the body is an SSE stream of chat.completion.chunk frames ending in data: [DONE]." })
 
 const Model = Schema.Struct({
   id: Schema.String,
@@ -66,7 +67,7 @@ const Model = Schema.Struct({
   max_output_tokens: Schema.Int,
   max_input_tokens: Schema.Int,
   rate_limit_rpm: Schema.Int
-}).annotations({ identifier: "Model" })
+}).annotate({ identifier: "Model" })
 
 const Account = Schema.Struct({
   object: Schema.Literal("account"),
@@ -80,7 +81,7 @@ const Account = Schema.Struct({
   created_at: Schema.Int,
   last_rotated_at: Schema.Int,
   email_registered: Schema.Boolean
-}).annotations({ identifier: "Account" })
+}).annotate({ identifier: "Account" })
 
 const UsageBucket = Schema.Struct({
   used_pct: Schema.Number,
@@ -90,7 +91,7 @@ const UsageBucket = Schema.Struct({
   by_model: Schema.Array(Schema.Struct({ model_id: Schema.String, request_count: Schema.Int, pct_of_total: Schema.Number }))
 })
 
-const EmbeddingsRequestDoc = EmbeddingsRequest.annotations({
+const EmbeddingsRequestDoc = EmbeddingsRequest.annotate({
   identifier: "EmbeddingsRequest",
   description: "encoding_format: `float` (default) or `base64` (little-endian float32, base64-encoded)."
 })
@@ -100,19 +101,31 @@ const Embeddings = Schema.Struct({
   data: Schema.Array(Schema.Struct({
     object: Schema.Literal("embedding"),
     index: Schema.Int,
-    embedding: Schema.Union(Schema.Array(Schema.Number), Schema.String)
+    embedding: Schema.Union([Schema.Array(Schema.Number), Schema.String])
   })),
   model: Schema.String,
   usage: Schema.Struct({ prompt_tokens: Schema.Int, total_tokens: Schema.Int })
-}).annotations({ identifier: "Embeddings", description: "Each embedding has exactly 1024 dimensions." })
+}).annotate({ identifier: "Embeddings", description: "Each embedding has exactly 1024 dimensions." })
 
-class InferenceGroup extends HttpApiGroup.make("inference")
-  .add(HttpApiEndpoint.post("chatCompletions", "/v1/chat/completions").setPayload(ChatRequest).addSuccess(ChatCompletion).addError(ErrorEnvelope, { status: 400 }))
-  .add(HttpApiEndpoint.post("embeddings", "/v1/embeddings").setPayload(EmbeddingsRequestDoc).addSuccess(Embeddings).addError(ErrorEnvelope, { status: 400 }))
-  .add(HttpApiEndpoint.get("models", "/v1/models").addSuccess(Schema.Struct({ object: Schema.Literal("list"), data: Schema.Array(Model) })))
-  .add(HttpApiEndpoint.get("me", "/v1/me").addSuccess(Account).addError(ErrorEnvelope, { status: 401 }))
-  .add(HttpApiEndpoint.get("usage", "/v1/usage").addSuccess(Schema.Struct({ object: Schema.Literal("usage"), session: UsageBucket, weekly: UsageBucket })))
-{}
+class InferenceGroup extends HttpApiGroup.make("inference").add(
+  HttpApiEndpoint.post("chatCompletions", "/v1/chat/completions", {
+    payload: ChatRequest,
+    success: ChatCompletion,
+    error: ErrorEnvelope.pipe(HttpApiSchema.status(400))
+  }),
+  HttpApiEndpoint.post("embeddings", "/v1/embeddings", {
+    payload: EmbeddingsRequestDoc,
+    success: Embeddings,
+    error: ErrorEnvelope.pipe(HttpApiSchema.status(400))
+  }),
+  HttpApiEndpoint.get("models", "/v1/models", {
+    success: Schema.Struct({ object: Schema.Literal("list"), data: Schema.Array(Model) })
+  }),
+  HttpApiEndpoint.get("me", "/v1/me", { success: Account, error: ErrorEnvelope.pipe(HttpApiSchema.status(401)) }),
+  HttpApiEndpoint.get("usage", "/v1/usage", {
+    success: Schema.Struct({ object: Schema.Literal("usage"), session: UsageBucket, weekly: UsageBucket })
+  })
+) {}
 
 export class InferenceApi extends HttpApi.make("wellspring").add(InferenceGroup).annotate(OpenApi.Title, "wellspring inference API")
   .annotate(OpenApi.Version, "1.0.0")
@@ -187,6 +200,18 @@ const ERRORS: Readonly<Record<string, Readonly<Record<string, string>>>> = {
 }
 
 /**
+ * A `$ref` to `schema` among the document's component schemas, adding its definitions when the generated
+ * document lacks them (v3's `OpenApiJsonSchema.makeWithDefs`).
+ */
+const componentRef = (schema: Schema.Top, schemas: Record<string, unknown>): unknown => {
+  const document = Schema.toJsonSchemaDocument(schema, { onExcessProperty: "error" }) // as OpenApi.fromApi does
+  for (const [name, definition] of Object.entries(document.definitions)) {
+    if (!(name in schemas)) schemas[name] = JSON.parse(JSON.stringify(definition).replaceAll("#/$defs/", "#/components/schemas/"))
+  }
+  return JSON.parse(JSON.stringify(document.schema).replaceAll("#/$defs/", "#/components/schemas/"))
+}
+
+/**
  * The generated document, corrected where the HttpApi defaults do not describe this server: requests
  * that fail to decode get our error envelope (never `HttpApiDecodeError`), every operation needs the
  * bearer key, and a streamed chat answer is `text/event-stream`.
@@ -195,7 +220,7 @@ const finalize = (generated: OpenApi.OpenAPISpec): OpenApi.OpenAPISpec => {
   const doc = structuredClone(generated) as any
   const schemas = doc.components.schemas as Record<string, unknown>
   for (const name of ["HttpApiDecodeError", "Issue", "PropertyKey"]) delete schemas[name]
-  const envelope = OpenApiJsonSchema.makeWithDefs(ErrorEnvelope, { defs: schemas as any, defsPath: "#/components/schemas/" })
+  const envelope = componentRef(ErrorEnvelope, schemas)
   doc.components.securitySchemes = { bearer: { type: "http", scheme: "bearer", description: "An API key (sk-ws-... or legacy ws-...)" } }
   doc.security = [{ bearer: [] }]
   for (const operations of Object.values(doc.paths as Record<string, Record<string, any>>)) {
@@ -225,7 +250,8 @@ export const spec = finalize(OpenApi.fromApi(InferenceApi))
 
 const specText = JSON.stringify(spec)
 
-export const openApiRoute = HttpRouter.get(
+export const openApiRoute = HttpRouter.add(
+  "GET",
   "/v1/openapi.json",
   Effect.sync(() => HttpServerResponse.text(specText, { contentType: "application/json" }))
 )

@@ -1,23 +1,24 @@
-import { Cause, Clock, Context, DefaultServices, Duration, Effect, Exit, FiberId, Option, Runtime, Scope } from "effect"
+import { Cause, Clock, Context, Duration, Effect, Exit, Scope } from "effect"
 import { Readable } from "node:stream"
 import { type UpstreamCall, UpstreamError, type UpstreamEvent, type UpstreamSink } from "../upstream/Upstream.js"
 
 export const PING_INTERVAL = Duration.seconds(8)
 export const PING_FRAME = ": ping\n\n"
 
-const liveClock = Context.get(DefaultServices.liveServices, Clock.Clock)
+/** The default (live) clock: `===` the clock of any fiber not given another one (a TestClock is not it). */
+const liveClock = Context.get(Context.empty(), Clock.Clock)
 
 /**
  * Calls `ping` whenever `touch` has not been called for `idle`, on the Effect clock (TestClock drives it).
  * On the live clock it is one plain re-armed timer; on any other clock a fiber in `scope`. Either way it stops
  * when `scope` closes, and costs nothing per chunk but a clock read.
  */
-export const idlePinger = (idle: Duration.DurationInput, ping: () => void, scope: Scope.Scope) =>
+export const idlePinger = (idle: Duration.Input, ping: () => void, scope: Scope.Scope) =>
   Effect.gen(function*() {
-    const clock = yield* Effect.clock
+    const clock = yield* Clock.Clock
     const idleMs = Duration.toMillis(idle)
-    let last = clock.unsafeCurrentTimeMillis()
-    const touch = () => void (last = clock.unsafeCurrentTimeMillis())
+    let last = clock.currentTimeMillisUnsafe()
+    const touch = () => void (last = clock.currentTimeMillisUnsafe())
     if (clock === liveClock) {
       let timer: ReturnType<typeof setTimeout> | undefined
       const arm = (wait: number) => {
@@ -35,11 +36,11 @@ export const idlePinger = (idle: Duration.DurationInput, ping: () => void, scope
       return { touch }
     }
     const tick = Effect.suspend(() => {
-      const wait = last + idleMs - clock.unsafeCurrentTimeMillis()
+      const wait = last + idleMs - clock.currentTimeMillisUnsafe()
       if (wait > 0) return Effect.sleep(Duration.millis(wait))
       return Effect.sync(() => {
         ping()
-        last = clock.unsafeCurrentTimeMillis()
+        last = clock.currentTimeMillisUnsafe()
       })
     })
     yield* Effect.forkIn(Effect.forever(tick), scope)
@@ -63,7 +64,7 @@ export interface SseHandlers {
  * Internal timing knobs of streams. `firstEventWait`: how long a stream waits for the upstream's first event
  * before committing to the stream (spec Events 5 and 7). Defaults to the ping interval; tests shorten it.
  */
-export const streamTiming: { firstEventWait: Duration.DurationInput } = { firstEventWait: PING_INTERVAL }
+export const streamTiming: { firstEventWait: Duration.Input } = { firstEventWait: PING_INTERVAL }
 
 type Opened = Exit.Exit<UpstreamCall, UpstreamError>
 
@@ -80,12 +81,12 @@ type Opened = Exit.Exit<UpstreamCall, UpstreamError>
  *   failure before them goes to `handlers.failed` and cuts the connection without `[DONE]`.
  */
 export const sseBody = (
-  runtime: Runtime.Runtime<never>,
+  context: Context.Context<never>,
   scope: Scope.Scope,
   open: (sink: UpstreamSink) => Effect.Effect<UpstreamCall, UpstreamError>,
   head: string,
   handlers: SseHandlers,
-  firstEventWait: Duration.DurationInput = streamTiming.firstEventWait
+  firstEventWait: Duration.Input = streamTiming.firstEventWait
 ) =>
   Effect.gen(function*() {
     let call: UpstreamCall | null = null
@@ -95,7 +96,8 @@ export const sseBody = (
     let cutWhenDrained: Error | null = null
     const cut = () => setImmediate(() => body.destroy(cutWhenDrained!))
     let touch = () => {}
-    const run = <A>(effect: Effect.Effect<A>) => Runtime.runFork(runtime)(effect)
+    const runFork = Effect.runForkWith(context)
+    const run = <A>(effect: Effect.Effect<A>) => runFork(effect)
     /** Interrupts the opening of the upstream call, until it has opened. */
     let cancelOpening: (() => void) | null = null
 
@@ -177,13 +179,13 @@ export const sseBody = (
       } else waiting = true
     }
 
-    // Opening runs in a fiber of its own (on this request's runtime: same clock and services) so that the
+    // Opening runs in a fiber of its own (on this request's context: same clock and services) so that the
     // wait can give up on it without interrupting it; `scope` closing interrupts it. (A root fiber observed
-    // by a callback, as `Runtime.runCallback` does: a fraction of the cost of `forkIn` + join.) The call is
+    // by a callback, as `Effect.runCallbackWith` does: a fraction of the cost of `forkIn` + join.) The call is
     // owned by `scope` from the moment it resolves, so an interruption cannot leak it.
     let outcome: Opened | null = null
     let onOutcome: ((exit: Opened) => void) | null = null
-    const opening = Runtime.runFork(runtime)(
+    const opening = runFork(
       Effect.uninterruptibleMask((restore) =>
         restore(open(sink)).pipe(Effect.tap((c) => Scope.addFinalizer(scope, Effect.sync(c.abort))))
       )
@@ -193,7 +195,7 @@ export const sseBody = (
       onOutcome?.(exit)
     })
     const interruptOpening = () => {
-      if (outcome === null) opening.unsafeInterruptAsFork(FiberId.none)
+      if (outcome === null) opening.interruptUnsafe()
     }
     cancelOpening = interruptOpening
     yield* Scope.addFinalizer(scope, Effect.sync(interruptOpening))
@@ -226,11 +228,11 @@ export const sseBody = (
       }
       if (Exit.isSuccess(exit)) return begin(exit.value)
       cancelOpening = null
-      const failure = Cause.failureOption(exit.cause)
-      if (Option.isSome(failure)) return fail(failure.value)
+      const failure = Cause.findErrorOption(exit.cause)
+      if (failure._tag === "Some") return fail(failure.value)
       // Interrupted (the request's scope closed) or a defect: end the body; the request is already settled
       // (interruption) or is settled as failed here (defect).
-      if (Cause.isInterruptedOnly(exit.cause)) {
+      if (Cause.hasInterruptsOnly(exit.cause)) {
         done = true
         return void body.destroy(new Error("stream interrupted"))
       }
@@ -247,13 +249,13 @@ export const sseBody = (
  * On the live clock a plain timer; on any other clock (TestClock) `Effect.timeout`.
  */
 const awaitAtMost = <A>(
-  wait: Duration.DurationInput,
+  wait: Duration.Input,
   register: (resume: (value: A) => void) => void,
   unregister: () => void
 ): Effect.Effect<A | null> =>
   Effect.clockWith((clock) => {
     if (clock === liveClock) {
-      return Effect.async<A | null>((resume) => {
+      return Effect.callback<A | null>((resume) => {
         const timer = setTimeout(() => {
           unregister()
           resume(Effect.succeed(null))
@@ -269,9 +271,9 @@ const awaitAtMost = <A>(
         })
       })
     }
-    const waitFor = Effect.async<A>((resume) => {
+    const waitFor = Effect.callback<A | null>((resume) => {
       register((value) => resume(Effect.succeed(value)))
       return Effect.sync(unregister)
     })
-    return Effect.timeoutTo(waitFor, { duration: wait, onSuccess: (a): A | null => a, onTimeout: () => null })
+    return Effect.timeoutOrElse(waitFor, { duration: wait, orElse: () => Effect.succeed(null) })
   })

@@ -60,7 +60,7 @@ export interface Ticket {
  * and reserves. A rejection consumes nothing. The returned ticket is bound to the Scope: when the scope
  * closes the in-flight slot is released, and an unsettled ticket is refunded.
  */
-export class Admission extends Context.Tag("wellspring/quota/Admission")<Admission, {
+export class Admission extends Context.Service<Admission, {
   readonly admit: (input: AdmitInput) => Effect.Effect<Ticket, GatewayError, Scope.Scope>
   /** Current standing of an account (no side effects). */
   readonly standing: (accountId: string, plan: PlanConfig) => Effect.Effect<Standing, GatewayError>
@@ -73,4 +73,4 @@ export class Admission extends Context.Tag("wellspring/quota/Admission")<Admissi
     { readonly allowed: boolean; readonly remaining: number; readonly reset_seconds: number },
     GatewayError
   >
-}>() {}
+}>()("wellspring/quota/Admission") {}

@@ -27,17 +27,18 @@
  * The attempt that would exceed `abuse.burst` admissions within `abuse.window_seconds` starts the cooldown
  * and is itself rejected with `abuse_cooldown`.
  */
-import { SqlClient } from "@effect/sql"
 import {
-  type Clock,
+  Clock,
   Context,
   Duration,
   Effect,
   Exit,
   Layer,
   Queue,
-  RcMap
+  RcMap,
+  Semaphore
 } from "effect"
+import { SqlClient } from "effect/sql"
 import type { ModelConfig, PlanConfig } from "../config/GatewayConfig.js"
 import type { GatewayError } from "../errors/Catalog.js"
 import { Admission, type AdmitInput, type SettleUsage, type Standing, type Ticket } from "./Admission.js"
@@ -70,15 +71,15 @@ export interface MemoryOptions {
   /** Write-behind persistence to PostgreSQL. Without it the state lives in this process only. */
   readonly sql?: SqlClient.SqlClient | undefined
   /** Idle time before an account actor is passivated. Default 10 minutes. */
-  readonly idleTimeToLive?: Duration.DurationInput | undefined
+  readonly idleTimeToLive?: Duration.Input | undefined
   /** Delay between the first unflushed change and the batched write. Default 1 second. */
-  readonly flushInterval?: Duration.DurationInput | undefined
+  readonly flushInterval?: Duration.Input | undefined
   /** Route every command through the mailbox (no inline fast path). Default false. */
   readonly mailboxOnly?: boolean | undefined
 }
 
 /** Test and operator view into the memory layer. Not part of `Admission`. */
-export class AdmissionMemoryProbe extends Context.Tag("wellspring/quota/AdmissionMemoryProbe")<AdmissionMemoryProbe, {
+export class AdmissionMemoryProbe extends Context.Service<AdmissionMemoryProbe, {
   /** Slots currently held on a model's in-flight gate. */
   readonly inFlight: (modelId: string) => number
   /** Account actors currently alive (not passivated). */
@@ -89,7 +90,7 @@ export class AdmissionMemoryProbe extends Context.Tag("wellspring/quota/Admissio
   readonly crash: (accountId: string) => Effect.Effect<void, GatewayError>
   /** Writes every pending change to PostgreSQL now (no-op without `sql`). */
   readonly flush: Effect.Effect<void>
-}>() {}
+}>()("wellspring/quota/AdmissionMemoryProbe") {}
 
 // ---------------------------------------------------------------------------------------------------------------
 // State
@@ -237,7 +238,7 @@ interface Outcome {
   readonly waiters: Array<Reply>
 }
 
-/** Receives the answer (an Exit) of a command: an `Effect.async` resume, or a settle outcome. */
+/** Receives the answer (an Exit) of a command: an `Effect.callback` resume, or a settle outcome. */
 type Reply = (exit: any) => void
 type Result = Exit.Exit<unknown, GatewayError>
 
@@ -273,11 +274,11 @@ const noReply: Reply = () => {}
 /** Builds the service and its probe; needs a Scope (actors, flusher and the final flush live in it). */
 export const make = (options: MemoryOptions) =>
   Effect.gen(function*() {
-    const clock: Clock.Clock = yield* Effect.clock
+    const clock: Clock.Clock = yield* Clock.Clock
     const repo: QuotaRepo | undefined = options.sql === undefined ? undefined : makeQuotaRepo(options.sql)
     const abuseWindowMs = options.abuse.window_seconds * 1000
     const cooldownMs = options.abuse.cooldown_seconds * 1000
-    const flushInterval = Duration.decode(options.flushInterval ?? "1 second")
+    const flushInterval = Duration.fromInputUnsafe(options.flushInterval ?? "1 second")
     const idleTimeToLive = options.idleTimeToLive ?? "10 minutes"
     const mailboxOnly = options.mailboxOnly === true
     let restarts = 0
@@ -318,28 +319,28 @@ export const make = (options: MemoryOptions) =>
       if (repo === undefined || actor.dirty) return
       actor.dirty = true
       dirtyActors.add(actor)
-      wake.unsafeOffer(undefined)
+      Queue.offerUnsafe(wake, undefined)
     }
     const markGateDirty = (gate: Gate): void => {
       if (repo === undefined || gate.dirty) return
       gate.dirty = true
-      wake.unsafeOffer(undefined)
+      Queue.offerUnsafe(wake, undefined)
     }
 
     const putPending = (accountId: string, state: AccountState): void => {
       pending.set(accountId, copyState(state))
       if (repo) {
-        wake.unsafeOffer(undefined)
+        Queue.offerUnsafe(wake, undefined)
       } else if (++pendingInserts >= 1024 && pendingInserts >= pending.size) {
         pendingInserts = 0
-        const now = clock.unsafeCurrentTimeMillis()
+        const now = clock.currentTimeMillisUnsafe()
         pending.forEach((s, id) => {
           if (isIdle(s, now)) pending.delete(id)
         })
       }
     }
 
-    const flushLock = yield* Effect.makeSemaphore(1)
+    const flushLock = yield* Semaphore.make(1)
     // Uninterruptible: it clears dirty marks before writing, so it must not stop half way (shutdown waits for it).
     const flush: Effect.Effect<void> = repo === undefined ? Effect.void : flushLock.withPermits(1)(Effect.suspend(() => {
       const live = [...dirtyActors]
@@ -358,7 +359,7 @@ export const make = (options: MemoryOptions) =>
       ]
       if (rows.size === 0 && daily.length === 0) return Effect.void
       return repo.saveAccounts([...rows.values()]).pipe(
-        Effect.zipRight(repo.saveDaily(daily)),
+        Effect.andThen(repo.saveDaily(daily)),
         Effect.matchCauseEffect({
           onSuccess: () =>
             Effect.sync(() => {
@@ -366,7 +367,7 @@ export const make = (options: MemoryOptions) =>
               for (const [key, row] of retired) if (retiredDaily.get(key) === row) retiredDaily.delete(key)
             }),
           onFailure: (cause) =>
-            Effect.zipRight(
+            Effect.andThen(
               Effect.sync(() => {
                 for (const a of live) if (!a.closed) markDirty(a)
                 for (const g of dirtyGates) markGateDirty(g)
@@ -381,7 +382,7 @@ export const make = (options: MemoryOptions) =>
     yield* Effect.addFinalizer(() => flush)
 
     if (repo) {
-      const today = dayIndex(clock.unsafeCurrentTimeMillis())
+      const today = dayIndex(clock.currentTimeMillisUnsafe())
       const rows = yield* repo.loadDaily(today).pipe(Effect.orDie)
       for (const row of rows) gates.set(row.modelId, { modelId: row.modelId, inFlight: 0, day: today, tokens: row.tokens, dirty: false })
     }
@@ -551,7 +552,7 @@ export const make = (options: MemoryOptions) =>
           actor.loaded = true
           return true
         }),
-        Effect.catchAllCause((cause) =>
+        Effect.catchCause((cause) =>
           Effect.as(Effect.logWarning(`quota state of ${actor.accountId} could not be loaded`, cause), false)
         )
       )
@@ -564,8 +565,8 @@ export const make = (options: MemoryOptions) =>
           actor.queued--
           actor.current = cmd
           const exit = !actor.loaded && !(yield* load(actor))
-            ? refuse(actor, cmd, "quota state unavailable", clock.unsafeCurrentTimeMillis())
-            : handle(actor, cmd, clock.unsafeCurrentTimeMillis())
+            ? refuse(actor, cmd, "quota state unavailable", clock.currentTimeMillisUnsafe())
+            : handle(actor, cmd, clock.currentTimeMillisUnsafe())
           actor.current = undefined
           cmd.reply(exit)
         }
@@ -574,12 +575,14 @@ export const make = (options: MemoryOptions) =>
     /** Supervisor: a defect answers the command being served, reloads the state, and serves on. */
     const supervise = (actor: Actor): Effect.Effect<never> =>
       serve(actor).pipe(
-        Effect.catchAllDefect((defect) =>
+        Effect.catchDefect((defect) =>
           Effect.suspend(() => {
             const failed = actor.current
             actor.current = undefined
+            // recover first: a v4 `resume` runs the waiting caller at once, and it must see the restart done
+            const logged = recover(actor, defect)
             failed?.reply(Exit.die(defect))
-            return recover(actor, defect)
+            return logged
           })
         ),
         Effect.forever
@@ -592,16 +595,21 @@ export const make = (options: MemoryOptions) =>
         actor.closed = true
         dirtyActors.delete(actor)
         actor.dirty = false
-        return Queue.takeAll(actor.mailbox)
+        // v4 Queue.takeAll waits for an item; Queue.clear drains what is there without waiting
+        return Queue.clear(actor.mailbox)
       }).pipe(Effect.flatMap((leftovers) =>
         Effect.sync(() => {
-          const now = clock.unsafeCurrentTimeMillis()
+          const now = clock.currentTimeMillisUnsafe()
           const interrupted = actor.current
           actor.current = undefined
-          interrupted?.reply(refuse(actor, interrupted, "quota actor stopped", now))
           actor.queued = 0
-          for (const cmd of leftovers) cmd.reply(refuse(actor, cmd, "quota actor stopped", now))
+          const answers: Array<readonly [Command, Result]> = []
+          if (interrupted !== undefined) answers.push([interrupted, refuse(actor, interrupted, "quota actor stopped", now)])
+          for (const cmd of leftovers) answers.push([cmd, refuse(actor, cmd, "quota actor stopped", now)])
+          // hand the state over before answering: a v4 `resume` runs the waiting caller at once, and its next
+          // command (on a new actor) must load this state
           if (actor.loaded) putPending(actor.accountId, actor.state)
+          for (const [cmd, exit] of answers) cmd.reply(exit)
         })
       ))
 
@@ -622,18 +630,18 @@ export const make = (options: MemoryOptions) =>
     /** Serves a command on the caller's fiber (the actor is idle). Returns the answer, and a defect if any. */
     const inline = (actor: Actor, cmd: Command): Effect.Effect<any, GatewayError> => {
       try {
-        return handle(actor, cmd, clock.unsafeCurrentTimeMillis())
+        return handle(actor, cmd, clock.currentTimeMillisUnsafe())
       } catch (defect) {
-        return Effect.zipRight(recover(actor, defect), Exit.die(defect))
+        return Effect.andThen(recover(actor, defect), Exit.die(defect))
       }
     }
 
     const send = (actor: Actor, cmd: Command): void => {
       if (actor.closed) {
-        cmd.reply(refuse(actor, cmd, "quota actor stopped", clock.unsafeCurrentTimeMillis()))
+        cmd.reply(refuse(actor, cmd, "quota actor stopped", clock.currentTimeMillisUnsafe()))
       } else {
         actor.queued++
-        actor.mailbox.unsafeOffer(cmd)
+        Queue.offerUnsafe(actor.mailbox, cmd)
       }
     }
 
@@ -641,7 +649,7 @@ export const make = (options: MemoryOptions) =>
       Effect.suspend(() =>
         canInline(actor)
           ? inline(actor, build(noReply))
-          : Effect.async<A, GatewayError>((resume) => send(actor, build(resume)))
+          : Effect.callback<A, GatewayError>((resume) => send(actor, build(resume)))
       )
 
     const resolve = (t: MemTicket, usage: SettleUsage | null): Effect.Effect<SettleResult> =>
@@ -659,14 +667,14 @@ export const make = (options: MemoryOptions) =>
             // a Settle handler cannot fail, only die
             const answer = inline(t.actor, cmd) as Effect.Effect<SettleResult>
             if (Exit.isExit(answer)) finish(answer as Exit.Exit<SettleResult>)
-            else return Effect.tapErrorCause(answer, (cause) => Effect.sync(() => finish(Exit.failCause(cause))))
+            else return Effect.tapCause(answer, (cause) => Effect.sync(() => finish(Exit.failCause(cause))))
           } else {
             send(t.actor, cmd)
           }
         }
         const settled = o.exit
         if (settled !== undefined) return settled
-        return Effect.async<SettleResult>((resume) => {
+        return Effect.callback<SettleResult>((resume) => {
           if (o.exit !== undefined) resume(o.exit)
           else o.waiters.push(resume)
         })
@@ -687,8 +695,8 @@ export const make = (options: MemoryOptions) =>
     // --- background write-behind (only with sql; sleeps only while something is dirty) ---------------------------
     if (repo) {
       yield* Queue.take(wake).pipe(
-        Effect.zipRight(Effect.sleep(flushInterval)),
-        Effect.zipRight(flush),
+        Effect.andThen(Effect.sleep(flushInterval)),
+        Effect.andThen(flush),
         Effect.forever,
         Effect.forkScoped
       )
@@ -714,12 +722,12 @@ export const make = (options: MemoryOptions) =>
       dailyUsage: (modelId) =>
         Effect.sync(() => {
           const gate = gates.get(modelId)
-          return gate === undefined || gate.day !== dayIndex(clock.unsafeCurrentTimeMillis()) ? 0 : gate.tokens
+          return gate === undefined || gate.day !== dayIndex(clock.currentTimeMillisUnsafe()) ? 0 : gate.tokens
         }),
 
       limit: (key, max, windowSeconds) =>
         Effect.sync(() => {
-          const now = clock.unsafeCurrentTimeMillis()
+          const now = clock.currentTimeMillisUnsafe()
           let w = limits.get(key)
           if (w === undefined || now >= w.end) {
             w = { start: now, end: now + windowSeconds * 1000, count: 0 }
@@ -739,13 +747,13 @@ export const make = (options: MemoryOptions) =>
 
     const probe = AdmissionMemoryProbe.of({
       inFlight: (modelId) => gates.get(modelId)?.inFlight ?? 0,
-      liveActors: Effect.map(RcMap.keys(actors), (keys) => keys.length),
+      liveActors: Effect.map(RcMap.keys(actors), (keys) => Array.from(keys).length),
       restarts: () => restarts,
       crash: (accountId) =>
         withActor(accountId, (actor) =>
           Effect.suspend(() =>
             // always through the mailbox: this exercises the supervisor
-            Effect.async<void, GatewayError>((resume) => send(actor, { _tag: "Crash", reply: resume }))
+            Effect.callback<void, GatewayError>((resume) => send(actor, { _tag: "Crash", reply: resume }))
           )),
       flush
     })
@@ -755,13 +763,13 @@ export const make = (options: MemoryOptions) =>
 
 /** Pure in-process admission (no database). */
 export const layerMemory = (options: MemoryOptions): Layer.Layer<Admission> =>
-  Layer.scoped(Admission, Effect.map(make(options), (m) => m.admission))
+  Layer.effect(Admission, Effect.map(make(options), (m) => m.admission))
 
 /** In-process admission with write-behind persistence through the context's SqlClient. */
 export const layerMemoryWithSql = (
   options: Omit<MemoryOptions, "sql">
 ): Layer.Layer<Admission, never, SqlClient.SqlClient> =>
-  Layer.scoped(
+  Layer.effect(
     Admission,
     Effect.flatMap(SqlClient.SqlClient, (sql) => Effect.map(make({ ...options, sql }), (m) => m.admission))
   )
@@ -770,6 +778,6 @@ export const layerMemoryWithSql = (
 export const layerMemoryWithProbe = (
   options: MemoryOptions
 ): Layer.Layer<Admission | AdmissionMemoryProbe> =>
-  Layer.scopedContext(
+  Layer.effectContext(
     Effect.map(make(options), (m) => Context.make(Admission, m.admission).pipe(Context.add(AdmissionMemoryProbe, m.probe)))
   )

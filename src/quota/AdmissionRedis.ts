@@ -24,20 +24,9 @@
  * Single-node (or primary) Redis only: the admission script touches account and model keys together.
  * Abuse counts admitted requests only (see `AdmissionMemory`).
  */
-import { SqlClient } from "@effect/sql"
+import { Clock, Context, Deferred, Duration, Effect, Layer, Queue, Redacted, Semaphore } from "effect"
+import { SqlClient } from "effect/sql"
 import { Redis, type RedisOptions } from "ioredis"
-import {
-  type Clock,
-  Context,
-  Deferred,
-  Duration,
-  Effect,
-  FiberId,
-  Layer,
-  Queue,
-  Redacted,
-  Runtime
-} from "effect"
 import type { PlanConfig } from "../config/GatewayConfig.js"
 import { GatewayError } from "../errors/Catalog.js"
 import { Admission, type AdmitInput, type SettleUsage, type Standing, type Ticket } from "./Admission.js"
@@ -75,7 +64,7 @@ export interface RedisAdmissionOptions {
   /** Snapshot to PostgreSQL and rebuild from it. */
   readonly sql?: SqlClient.SqlClient | undefined
   /** Delay between the first change and the snapshot write. Default 5 seconds. */
-  readonly snapshotInterval?: Duration.DurationInput | undefined
+  readonly snapshotInterval?: Duration.Input | undefined
   /**
    * Time source of the scripts: `redis` (server `TIME`, production) or `clock` (the Effect `Clock` passes `now`,
    * so `TestClock` drives the windows in tests). Default `redis`.
@@ -84,7 +73,7 @@ export interface RedisAdmissionOptions {
 }
 
 /** Test and operator view into the Redis layer. */
-export class AdmissionRedisProbe extends Context.Tag("wellspring/quota/AdmissionRedisProbe")<AdmissionRedisProbe, {
+export class AdmissionRedisProbe extends Context.Service<AdmissionRedisProbe, {
   /** Live (unexpired) leases on a model, across all replicas. */
   readonly inFlight: (modelId: string) => Effect.Effect<number, GatewayError>
   /** Writes touched pools and daily totals to PostgreSQL now (no-op without `sql`). */
@@ -93,7 +82,7 @@ export class AdmissionRedisProbe extends Context.Tag("wellspring/quota/Admission
   readonly heartbeat: Effect.Effect<void>
   readonly client: Redis
   readonly keyPrefix: string
-}>() {}
+}>()("wellspring/quota/AdmissionRedisProbe") {}
 
 // ---------------------------------------------------------------------------------------------------------------
 // Lua. Numbers that may be fractional are returned as strings (Lua numbers become integer replies).
@@ -383,8 +372,8 @@ interface Repair {
 /** Builds the service and its probe; needs a Scope (client, heartbeat, snapshot writer). */
 export const make = (options: RedisAdmissionOptions) =>
   Effect.gen(function*() {
-    const clock: Clock.Clock = yield* Effect.clock
-    const runtime = yield* Effect.runtime<never>()
+    const clock: Clock.Clock = yield* Clock.Clock
+    const runFork = Effect.runForkWith(yield* Effect.context<never>())
     const prefix = options.keyPrefix ?? "ws:q:"
     const leaseMs = options.leaseMs ?? 30_000
     const commandTimeoutMs = options.commandTimeoutMs ?? 500
@@ -406,7 +395,7 @@ export const make = (options: RedisAdmissionOptions) =>
           const now = Date.now()
           if (now - lastLog < 10_000) return
           lastLog = now
-          Runtime.runFork(runtime)(Effect.logWarning("quota redis connection error", error.message))
+          runFork(Effect.logWarning("quota redis connection error", error.message))
         })
         return redis
       }),
@@ -421,7 +410,7 @@ export const make = (options: RedisAdmissionOptions) =>
     }
     const redis = defineScripts(client)
 
-    const nowArg = (): string => (useClock ? String(clock.unsafeCurrentTimeMillis()) : "")
+    const nowArg = (): string => (useClock ? String(clock.currentTimeMillisUnsafe()) : "")
     const call = <A>(what: string, f: () => Promise<A>): Effect.Effect<A, GatewayError> =>
       Effect.tryPromise({
         try: f,
@@ -449,7 +438,7 @@ export const make = (options: RedisAdmissionOptions) =>
     const beat = yield* Queue.sliding<void>(1)
     const addRepair = (repair: Repair) => {
       if (repairs.length < MAX_REPAIRS) repairs.push(repair)
-      beat.unsafeOffer(undefined)
+      Queue.offerUnsafe(beat, undefined)
     }
 
     // --- snapshots to PostgreSQL ---------------------------------------------------------------------------------
@@ -460,10 +449,10 @@ export const make = (options: RedisAdmissionOptions) =>
       if (repo === undefined) return
       touchedAccounts.add(accountId)
       touchedDaily.set(`${modelId}\u0000${day}`, { modelId, day })
-      wake.unsafeOffer(undefined)
+      Queue.offerUnsafe(wake, undefined)
     }
 
-    const snapshotLock = yield* Effect.makeSemaphore(1)
+    const snapshotLock = yield* Semaphore.make(1)
     const snapshot: Effect.Effect<void> = repo === undefined ? Effect.void : snapshotLock.withPermits(1)(
       Effect.suspend(() => {
         const ids = [...touchedAccounts]
@@ -495,8 +484,8 @@ export const make = (options: RedisAdmissionOptions) =>
           yield* repo.saveAccounts(rows)
           yield* repo.saveDaily(dailyRows)
         }).pipe(
-          Effect.catchAllCause((cause) =>
-            Effect.zipRight(
+          Effect.catchCause((cause) =>
+            Effect.andThen(
               Effect.sync(() => {
                 for (const id of ids) touchedAccounts.add(id)
                 for (const d of days) touchedDaily.set(`${d.modelId}\u0000${d.day}`, d)
@@ -608,7 +597,7 @@ export const make = (options: RedisAdmissionOptions) =>
       let set = held.get(modelId)
       if (set === undefined) held.set(modelId, set = new Set())
       set.add(leaseId)
-      beat.unsafeOffer(undefined)
+      Queue.offerUnsafe(beat, undefined)
     }
     const unhold = (modelId: string, leaseId: string) => {
       const set = held.get(modelId)
@@ -631,7 +620,7 @@ export const make = (options: RedisAdmissionOptions) =>
       ]
       return call("settle", () => redis.wsSettle(...keys, nowArg(), ...tail)).pipe(
         Effect.tapError((e) =>
-          Effect.zipRight(
+          Effect.andThen(
             Effect.sync(() => addRepair({ keys, args: tail })),
             Effect.logWarning(`quota ${mode} of ${t.leaseId} failed; will retry`, e.detail)
           )
@@ -642,7 +631,7 @@ export const make = (options: RedisAdmissionOptions) =>
     const resolve = (t: RTicket, usage: SettleUsage | null) =>
       Effect.suspend(() => {
         if (t.outcome !== undefined) return Deferred.await(t.outcome)
-        const d = Deferred.unsafeMake<{ readonly standing: Standing; readonly weighted: number }>(FiberId.none)
+        const d = Deferred.makeUnsafe<{ readonly standing: Standing; readonly weighted: number }>()
         t.outcome = d
         const weighted = usage === null || t.byok ? 0 : weightedCost(t.input.model, usage)
         const plan = t.input.plan
@@ -683,7 +672,7 @@ export const make = (options: RedisAdmissionOptions) =>
         }
         if (pendingOutcome) {
           // scope closed before settle: refund and drop the lease in one call
-          const d = Deferred.unsafeMake<{ readonly standing: Standing; readonly weighted: number }>(FiberId.none)
+          const d = Deferred.makeUnsafe<{ readonly standing: Standing; readonly weighted: number }>()
           t.outcome = d
           return settleCall(t, "release", null).pipe(
             Effect.map((r) => standingFrom(t.input.plan, num(r[1]), r, 2)),
@@ -748,7 +737,7 @@ export const make = (options: RedisAdmissionOptions) =>
       )
       const retry = repairs.splice(0, repairs.length).map((rep) =>
         call("repair", () => redis.wsSettle(...rep.keys, nowArg(), ...rep.args)).pipe(
-          Effect.catchAll(() => Effect.sync(() => addRepair(rep)))
+          Effect.catch(() => Effect.sync(() => addRepair(rep)))
         )
       )
       return Effect.all([...extend, ...retry], { concurrency: "unbounded", discard: true })
@@ -757,12 +746,12 @@ export const make = (options: RedisAdmissionOptions) =>
     yield* Effect.suspend(() =>
       held.size === 0 && repairs.length === 0
         ? Queue.take(beat)
-        : Effect.zipRight(Effect.sleep(beatEvery), heartbeat)
+        : Effect.andThen(Effect.sleep(beatEvery), heartbeat)
     ).pipe(Effect.forever, Effect.forkScoped)
     if (repo) {
       yield* Queue.take(wake).pipe(
-        Effect.zipRight(Effect.sleep(options.snapshotInterval ?? "5 seconds")),
-        Effect.zipRight(snapshot),
+        Effect.andThen(Effect.sleep(options.snapshotInterval ?? "5 seconds")),
+        Effect.andThen(snapshot),
         Effect.forever,
         Effect.forkScoped
       )
@@ -812,7 +801,7 @@ export const make = (options: RedisAdmissionOptions) =>
     const probe = AdmissionRedisProbe.of({
       inFlight: (modelId) =>
         call("probe", () =>
-          redis.zcount(key.lease(modelId), `(${useClock ? clock.unsafeCurrentTimeMillis() : Date.now()}`, "+inf")),
+          redis.zcount(key.lease(modelId), `(${useClock ? clock.currentTimeMillisUnsafe() : Date.now()}`, "+inf")),
       flush: snapshot,
       heartbeat,
       client,
@@ -823,18 +812,18 @@ export const make = (options: RedisAdmissionOptions) =>
   })
 
 export const layerRedis = (options: RedisAdmissionOptions): Layer.Layer<Admission> =>
-  Layer.scoped(Admission, Effect.map(make(options), (m) => m.admission))
+  Layer.effect(Admission, Effect.map(make(options), (m) => m.admission))
 
 /** Redis admission that snapshots to and rebuilds from PostgreSQL through the context's SqlClient. */
 export const layerRedisWithSql = (
   options: Omit<RedisAdmissionOptions, "sql">
 ): Layer.Layer<Admission, never, SqlClient.SqlClient> =>
-  Layer.scoped(
+  Layer.effect(
     Admission,
     Effect.flatMap(SqlClient.SqlClient, (sql) => Effect.map(make({ ...options, sql }), (m) => m.admission))
   )
 
 export const layerRedisWithProbe = (options: RedisAdmissionOptions): Layer.Layer<Admission | AdmissionRedisProbe> =>
-  Layer.scopedContext(
+  Layer.effectContext(
     Effect.map(make(options), (m) => Context.make(Admission, m.admission).pipe(Context.add(AdmissionRedisProbe, m.probe)))
   )

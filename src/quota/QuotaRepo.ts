@@ -6,8 +6,8 @@
  * Column aliases have no underscore so the statements work whether or not the SqlClient was built with
  * name transforms (snakeToCamel / camelToSnake).
  */
-import type { SqlClient, SqlError } from "@effect/sql"
 import { Effect } from "effect"
+import type { SqlClient, SqlError } from "effect/sql"
 import { dayLabel } from "./Policy.js"
 
 export interface AccountWindows {

@@ -3,8 +3,8 @@
  * shared by all replicas), otherwise in-process actors (embedded mode). With a SqlClient, the memory backend
  * persists write-behind to PostgreSQL and the Redis backend snapshots to / rebuilds from it.
  */
-import { SqlClient } from "@effect/sql"
 import { Effect, Layer, type Redacted } from "effect"
+import { SqlClient } from "effect/sql"
 import type { Admission } from "./Admission.js"
 import { layerMemory } from "./AdmissionMemory.js"
 import { layerRedis } from "./AdmissionRedis.js"
@@ -29,4 +29,4 @@ export const layerFromConfig = (config: AdmissionConfig): Layer.Layer<Admission>
 export const layerFromConfigWithSql = (
   config: Omit<AdmissionConfig, "sql">
 ): Layer.Layer<Admission, never, SqlClient.SqlClient> =>
-  Layer.unwrapEffect(Effect.map(SqlClient.SqlClient, (sql) => layerFromConfig({ ...config, sql })))
+  Layer.unwrap(Effect.map(SqlClient.SqlClient, (sql) => layerFromConfig({ ...config, sql })))

@@ -1,10 +1,11 @@
-import { Migrator, SqlClient } from "@effect/sql"
-import { PgClient } from "@effect/sql-pg"
-import { Data, Duration, Effect, Layer, Redacted } from "effect"
+import { PgClient, PgTypes } from "@effect/sql-pg"
+import { Data, Duration, Effect, Layer, Redacted, Result } from "effect"
+import { Migrator, SqlClient } from "effect/sql"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import * as EmbeddedLock from "./EmbeddedLock.js"
+import { EmbeddedServerError, startEmbeddedServer } from "./EmbeddedWorker.js"
 import migration0001 from "./migrations/0001_init.js"
 import migration0002 from "./migrations/0002_account_api.js"
 
@@ -17,19 +18,25 @@ export const migrations = Migrator.fromRecord({
 
 export const runMigrations = Migrator.make({})({ loader: migrations, table: "wellspring_migrations" })
 
-/** `int8` and `numeric` come back as JS numbers; our counters stay far below 2^53. */
 const EMBEDDED_POSTGRES_CONF = ["shared_buffers=16MB", "work_mem=4MB", "maintenance_work_mem=16MB", "wal_buffers=1MB"]
 
-const pgTypes = async () => {
-  const pg = await import("pg")
-  const base = pg.default.types
-  return {
-    getTypeParser: ((oid: number, format?: "text" | "binary") =>
-      oid === 20 || oid === 1700
-        ? (value: string) => Number(value)
-        : base.getTypeParser(oid, format as "text")) as typeof base.getTypeParser
-  }
+/**
+ * `int8` and `numeric` come back as JS numbers; our counters stay far below 2^53. sql-pg reads results in binary
+ * format and would otherwise give `bigint` and `string`. Installed in every client layer, so no row mixes the two.
+ */
+export const numberTypes = (): PgTypes.Registry => {
+  const registry = PgTypes.makeRegistry()
+  registry.register<number>(PgTypes.OID.int8, {
+    decode: (bytes) => Result.succeed(Number(new DataView(bytes.buffer, bytes.byteOffset, 8).getBigInt64(0))),
+    encode: (value) => PgTypes.encode(BigInt(value), PgTypes.OID.int8)
+  })
+  registry.register<number>(PgTypes.OID.numeric, {
+    decode: (bytes) => Result.map(PgTypes.decode(bytes, PgTypes.OID.numeric, 1), Number),
+    encode: (value) => PgTypes.encode(String(value), PgTypes.OID.numeric)
+  })
+  return registry
 }
+
 /** `host:port/database` of a connection URL, without credentials (for messages). */
 export const describeDatabaseUrl = (url: string): string => {
   try {
@@ -52,25 +59,30 @@ export const rootMessage = (error: unknown): string => {
   return typeof message === "string" && message ? message : String(current)
 }
 
+/**
+ * The pool, checked with one query: sql-pg opens connections lazily, so without it an unreachable server would
+ * only show up at the first request (sql-pg 0.53 ran the same check when the client was made).
+ */
+const makeChecked = (config: PgClient.PgPoolConfig) =>
+  Effect.tap(PgClient.make(config), (client) => client`SELECT 1`)
+
 /** Connects to a real PostgreSQL server; an unreachable server fails with one clear StoreError. */
 export const layerPostgres = (url: Redacted.Redacted<string>, maxConnections = 10) =>
-  Layer.unwrapEffect(
-    Effect.promise(pgTypes).pipe(Effect.map((types) =>
-      PgClient.layer({
-        url,
-        maxConnections,
-        connectTimeout: Duration.seconds(5),
-        types
+  PgClient.layerFrom(
+    makeChecked({
+      url,
+      maxConnections,
+      connectTimeout: Duration.seconds(5),
+      types: numberTypes()
+    }).pipe(Effect.mapError((cause) =>
+      new StoreError({
+        message: `cannot connect to PostgreSQL at ${describeDatabaseUrl(Redacted.value(url))}: ${rootMessage(cause)}`,
+        cause
       })
     ))
-  ).pipe(Layer.mapError((cause) =>
-    new StoreError({
-      message: `cannot connect to PostgreSQL at ${describeDatabaseUrl(Redacted.value(url))}: ${rootMessage(cause)}`,
-      cause
-    })
-  ))
+  )
 
-/** Name of the socket file in its folder, as libpq and `pg` derive it from `host` (a folder) and the port. */
+/** Name of the socket file in its folder, as libpq and sql-pg derive it from `host` (a folder) and the port. */
 const SOCKET_PORT = 5432
 const SOCKET_NAME = `.s.PGSQL.${SOCKET_PORT}`
 /** Longest socket path the OS accepts (sun_path: 108 bytes on Linux, 104 on macOS, with the NUL). */
@@ -112,12 +124,12 @@ const socketFolder = (dataDir: string): { readonly dir: string; readonly tempora
 }
 
 /**
- * Embedded mode: PGlite with its data under `dataDir/pglite`, served by pglite-socket on a Unix socket in the
+ * Embedded mode: PGlite with its data under `dataDir/pglite`, served by pglite-socket (in a worker thread) on a Unix socket in the
  * private data folder (never a TCP port: the server trusts every client) and reached through the same PgClient
  * as production. The data folder and everything in it is owner-only (0700 folders, 0600 files).
  */
 export const layerEmbedded = (dataDir: string) =>
-  Layer.unwrapScoped(Effect.gen(function*() {
+  Layer.unwrap(Effect.gen(function*() {
     const dir = Path.resolve(dataDir, "pglite")
     yield* Effect.try({
       try: () => {
@@ -130,18 +142,6 @@ export const layerEmbedded = (dataDir: string) =>
     yield* EmbeddedLock.acquire(dataDir).pipe(
       Effect.mapError((cause) => new StoreError({ message: cause.message, cause }))
     )
-    const { PGlite } = yield* Effect.promise(() => import("@electric-sql/pglite"))
-    const { PGLiteSocketServer } = yield* Effect.promise(() => import("@electric-sql/pglite-socket"))
-    const db = yield* Effect.acquireRelease(
-      Effect.tryPromise({
-        // Small buffers: the gateway's tables are small and hot rows live in its own caches (~140 MB less RSS).
-        try: () => PGlite.create(dir, { postgresqlconf: EMBEDDED_POSTGRES_CONF }),
-        catch: (cause) => new StoreError({ message: `cannot open embedded database in ${dir}`, cause })
-      }),
-      (db) => Effect.promise(() => db.close()).pipe(Effect.ignore)
-    )
-    // Files of older versions, and those PGlite created without a restrictive umask (tests, embedders).
-    yield* Effect.sync(() => makePrivate(dir))
     const folder = yield* Effect.acquireRelease(
       Effect.try({
         try: () => {
@@ -158,14 +158,29 @@ export const layerEmbedded = (dataDir: string) =>
         ).pipe(Effect.ignore)
     )
     const socketPath = Path.join(folder.dir, SOCKET_NAME)
-    const server = new PGLiteSocketServer({ db, path: socketPath, maxConnections: 8 })
+    // PGlite and its socket server run in a worker thread: queries and file I/O stay off the request loop.
     yield* Effect.acquireRelease(
       Effect.tryPromise({
-        try: () => server.start(),
-        catch: (cause) => new StoreError({ message: `cannot start embedded database socket ${socketPath}`, cause })
+        try: () =>
+          startEmbeddedServer({
+            dir,
+            socketPath,
+            // Small buffers: the gateway's tables are small and hot rows live in its own caches (~140 MB less RSS).
+            postgresqlConf: EMBEDDED_POSTGRES_CONF,
+            maxConnections: 8
+          }),
+        catch: (cause) =>
+          new StoreError({
+            message: cause instanceof EmbeddedServerError && cause.stage === "listen"
+              ? `cannot start embedded database socket ${socketPath}`
+              : `cannot open embedded database in ${dir}`,
+            cause
+          })
       }),
-      () => Effect.promise(() => server.stop()).pipe(Effect.ignore)
+      (server) => Effect.promise(() => server.stop()).pipe(Effect.ignore)
     )
+    // Files of older versions, and those PGlite created without a restrictive umask (tests, embedders).
+    yield* Effect.sync(() => makePrivate(dir))
     yield* Effect.try({
       try: () => Fs.chmodSync(socketPath, 0o600),
       catch: (cause) => new StoreError({ message: `cannot restrict embedded database socket ${socketPath}`, cause })
@@ -177,28 +192,24 @@ export const layerEmbedded = (dataDir: string) =>
 
 /**
  * PgClient for a pglite-socket on a Unix socket: our own embedded store, or a running gateway's (CLI).
- * `pg` connects to `<host>/.s.PGSQL.<port>` when `host` is a folder.
+ * sql-pg connects to `<host>/.s.PGSQL.<port>` when `host` is a folder (an absolute path).
  */
 export const layerSocket = (socketPath: string, maxConnections = 1) => {
   const match = /^\.s\.PGSQL\.(\d+)$/.exec(Path.basename(socketPath))
-  return Layer.unwrapEffect(
-    Effect.promise(pgTypes).pipe(Effect.map((types) =>
-      PgClient.layer({
-        host: Path.dirname(Path.resolve(socketPath)),
-        port: match ? Number(match[1]) : SOCKET_PORT,
-        username: "postgres",
-        database: "postgres",
-        maxConnections,
-        connectTimeout: Duration.seconds(5),
-        types
-      })
-    ))
-  )
+  return PgClient.layerFrom(makeChecked({
+    host: Path.dirname(Path.resolve(socketPath)),
+    port: match ? Number(match[1]) : SOCKET_PORT,
+    username: "postgres",
+    database: "postgres",
+    maxConnections,
+    connectTimeout: Duration.seconds(5),
+    types: numberTypes()
+  }))
 }
 
 /**
- * `NOTIFY channel, payload` with the payload bound as a parameter. `PgClient.notify` of sql-pg 0.53 sends
- * `NOTIFY "channel", $1`, which PostgreSQL rejects (NOTIFY takes no parameters); `pg_notify` does.
+ * `NOTIFY channel, payload` with the payload bound as a parameter, through any SqlClient (`pg_notify`; NOTIFY
+ * itself takes no parameters). Works on PostgreSQL and on the embedded store alike.
  */
 export const notify = (sql: SqlClient.SqlClient, channel: string, payload: string) =>
   sql`SELECT pg_notify(${channel}, ${payload})`.pipe(Effect.asVoid)

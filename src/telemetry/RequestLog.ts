@@ -1,5 +1,5 @@
-import { SqlClient } from "@effect/sql"
-import { Context, Duration, Effect, Fiber, Layer, Schedule } from "effect"
+import { Context, Duration, Effect, Fiber, Layer, Schedule, Semaphore } from "effect"
+import { SqlClient } from "effect/sql"
 import { Settings } from "../config/Live.js"
 
 export interface RequestRow {
@@ -148,7 +148,7 @@ export const isRowRejection = (error: unknown): boolean => {
   return cls === "22" || cls === "23" || cls === "54"
 }
 
-export class RequestLog extends Context.Tag("wellspring/telemetry/RequestLog")<RequestLog, {
+export class RequestLog extends Context.Service<RequestLog, {
   /** Next request row id, without a database round trip (ids come in blocks of 1000). */
   readonly nextId: Effect.Effect<number>
   /** Queues a row (bounded and cleaned first); written by the batch writer, never on the caller's path. */
@@ -158,7 +158,7 @@ export class RequestLog extends Context.Tag("wellspring/telemetry/RequestLog")<R
   readonly pending: () => number
   /** Rows dropped since start: rejected by the database, unusable, or over the buffer while it was down. */
   readonly dropped: () => number
-}>() {}
+}>()("wellspring/telemetry/RequestLog") {}
 
 export const make = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
@@ -167,24 +167,24 @@ export const make = Effect.gen(function*() {
 
   const fetchBlock = sql<{ start: number }>`SELECT nextval('request_log_id_blocks') AS start`.pipe(
     Effect.map((rows) => Number(rows[0]!.start)),
-    Effect.retry(Schedule.exponential("50 millis").pipe(Schedule.compose(Schedule.recurs(5)))),
+    Effect.retry({ schedule: Schedule.exponential("50 millis"), times: 5 }),
     Effect.orDie
   )
   let next = yield* fetchBlock
   let end = next + BLOCK
   // The next block, fetched in the background while the current one is used.
-  let spare = yield* Effect.forkDaemon(fetchBlock)
+  let spare = yield* Effect.forkDetach(fetchBlock)
   // One fiber at a time installs the next block; the others wait for it and then take ids from it.
-  const switching = yield* Effect.makeSemaphore(1)
+  const switching = yield* Semaphore.make(1)
 
   const nextBlock: Effect.Effect<number> = switching.withPermits(1)(Effect.suspend(() => {
     if (next < end) return Effect.succeed(next++)
     // A spare block is always being fetched, so this wait is at most one round trip, once per 1000 rows.
     return Fiber.join(spare).pipe(
       // A spare fetch that failed (database down for a while) is retried here, on the caller's path.
-      Effect.catchAllCause(() => fetchBlock),
+      Effect.catchCause(() => fetchBlock),
       Effect.flatMap((start) =>
-        Effect.map(Effect.forkDaemon(fetchBlock), (fiber) => {
+        Effect.map(Effect.forkDetach(fetchBlock), (fiber) => {
           spare = fiber
           next = start
           end = start + BLOCK
@@ -199,8 +199,11 @@ export const make = Effect.gen(function*() {
   let buffer: Array<RequestRow> = []
   let droppedRows = 0
 
+  // Never called with no rows: a flush writes only a non-empty buffer, and a split halves two or more rows.
   const insert = (rows: ReadonlyArray<RequestRow>) =>
-    sql`INSERT INTO request_log ${sql.insert(rows as unknown as Array<Record<string, unknown>>)} ON CONFLICT (id) DO NOTHING`.pipe(Effect.asVoid)
+    sql`INSERT INTO request_log ${
+      sql.insert(rows as unknown as readonly [Record<string, unknown>, ...Array<Record<string, unknown>>])
+    } ON CONFLICT (id) DO NOTHING`.pipe(Effect.asVoid)
 
   /**
    * Writes the rows; when the database rejects the batch for its data, the batch is halved until each bad row
@@ -211,7 +214,7 @@ export const make = Effect.gen(function*() {
     rows: ReadonlyArray<RequestRow>,
     rejected: Array<{ readonly id: number; readonly state: string }>
   ): Effect.Effect<void, unknown> =>
-    insert(rows).pipe(Effect.catchAll((error) => {
+    insert(rows).pipe(Effect.catch((error) => {
       if (!isRowRejection(error)) return Effect.fail(error)
       if (rows.length === 1) {
         rejected.push({ id: rows[0]!.id, state: sqlState(error)! })
@@ -219,13 +222,13 @@ export const make = Effect.gen(function*() {
       }
       const half = rows.length >>> 1
       return insertOrSplit(rows.slice(0, half), rejected).pipe(
-        Effect.zipRight(insertOrSplit(rows.slice(half), rejected))
+        Effect.andThen(insertOrSplit(rows.slice(half), rejected))
       )
     }))
 
   // Flushes run one at a time, so a flush also waits for a batch another flush is writing
   // ("everything queued so far" is in the database when it returns).
-  const writing = yield* Effect.makeSemaphore(1)
+  const writing = yield* Semaphore.make(1)
 
   const flushOnce = Effect.suspend(() => {
     if (buffer.length === 0) return Effect.void
@@ -254,26 +257,26 @@ export const make = Effect.gen(function*() {
       return Effect.logError(`request rows dropped: ${over} (database unreachable, buffer full)`)
     })
     return insertOrSplit(rows, rejected).pipe(
-      Effect.onInterrupt(() => Effect.zipRight(reportRejected, putBack)),
-      Effect.catchAll((error) =>
+      Effect.onInterrupt(() => Effect.andThen(reportRejected, putBack)),
+      Effect.catch((error) =>
         reportRejected.pipe(
-          Effect.zipRight(putBack),
-          Effect.zipRight(Effect.logWarning("request rows not written; will retry", error)),
-          Effect.zipRight(Effect.fail(error))
+          Effect.andThen(putBack),
+          Effect.andThen(Effect.logWarning("request rows not written; will retry", error)),
+          Effect.andThen(Effect.fail(error))
         )
       ),
-      Effect.zipRight(reportRejected)
+      Effect.andThen(reportRejected)
     )
   })
   const flushAll: Effect.Effect<void, unknown> = Effect.suspend(() =>
-    buffer.length === 0 ? Effect.void : flushOnce.pipe(Effect.zipRight(flushAll))
+    buffer.length === 0 ? Effect.void : flushOnce.pipe(Effect.andThen(flushAll))
   )
-  const flush: Effect.Effect<void> = writing.withPermits(1)(flushAll).pipe(Effect.catchAll(() => Effect.void))
+  const flush: Effect.Effect<void> = writing.withPermits(1)(flushAll).pipe(Effect.catch(() => Effect.void))
 
   yield* flush.pipe(Effect.repeat(Schedule.spaced(Duration.millis(flush_ms))), Effect.forkScoped)
   // On shutdown (after the HTTP server has stopped) whatever is queued is written; what cannot be is reported.
   yield* Effect.addFinalizer(() =>
-    flush.pipe(Effect.zipRight(Effect.suspend(() =>
+    flush.pipe(Effect.andThen(Effect.suspend(() =>
       buffer.length === 0
         ? Effect.void
         : Effect.logError(`request rows lost at shutdown: ${buffer.length} (database unreachable)`)
@@ -293,4 +296,4 @@ export const make = Effect.gen(function*() {
   })
 })
 
-export const layer = Layer.scoped(RequestLog, make)
+export const layer = Layer.effect(RequestLog, make)

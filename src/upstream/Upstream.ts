@@ -173,6 +173,6 @@ export interface UpstreamAdapter {
 }
 
 /** Resolves a catalog provider name to its adapter; adapters are cached per provider config. */
-export class Upstreams extends Context.Tag("wellspring/upstream/Upstreams")<Upstreams, {
+export class Upstreams extends Context.Service<Upstreams, {
   readonly get: (provider: string) => Effect.Effect<UpstreamAdapter, UpstreamError>
-}>() {}
+}>()("wellspring/upstream/Upstreams") {}

@@ -36,7 +36,7 @@ const build = (provider: Provider): Entry => {
 
 export const makeUpstreams = (
   getProviders: GetProviders
-): Effect.Effect<Context.Tag.Service<Upstreams>, never, Scope.Scope> =>
+): Effect.Effect<Context.Service.Shape<typeof Upstreams>, never, Scope.Scope> =>
   Effect.gen(function*() {
     const scope = yield* Effect.scope
     const cache = new Map<string, Entry>()
@@ -71,8 +71,8 @@ export const makeUpstreams = (
         // In-flight requests keep the old pool until they finish (or the grace period ends).
         return Effect.as(
           Effect.logInfo(`upstream provider "${name}" changed; adapter rebuilt`).pipe(
-            Effect.zipRight(warnings),
-            Effect.zipRight(Effect.forkIn(cached.close, scope))
+            Effect.andThen(warnings),
+            Effect.andThen(Effect.forkIn(cached.close, scope))
           ),
           entry.adapter
         )
@@ -85,11 +85,11 @@ export const makeUpstreams = (
 
 /** The service over a source of the current providers (e.g. the live catalog's). */
 export const layer = (getProviders: GetProviders): Layer.Layer<Upstreams> =>
-  Layer.scoped(Upstreams, makeUpstreams(getProviders))
+  Layer.effect(Upstreams, makeUpstreams(getProviders))
 
 /** Like `layer`, when the providers source itself needs services to be built. */
 export const layerEffect = <E, R>(getProviders: Effect.Effect<GetProviders, E, R>): Layer.Layer<Upstreams, E, R> =>
-  Layer.scoped(Upstreams, Effect.flatMap(getProviders, makeUpstreams))
+  Layer.effect(Upstreams, Effect.flatMap(getProviders, makeUpstreams))
 
 /** A fixed provider set (tests, tools). */
 export const layerStatic = (providers: Readonly<Record<string, Provider>>): Layer.Layer<Upstreams> =>

@@ -2,7 +2,8 @@
  * The account API over HTTP on a running gateway, once per storage back end (embedded PGlite and real
  * PostgreSQL). Admission is the real in-memory engine, so the endpoint rate limits are the real limiter.
  */
-import { Effect, Either, TestClock, TestContext } from "effect"
+import { Effect, Result } from "effect"
+import { TestClock } from "effect/testing"
 import * as Crypto from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
@@ -984,18 +985,18 @@ describe.each(backends)("account API on $name", ({ postgres }) => {
         const repo = yield* AccountsRepo
         const caller = { account: (yield* repo.findAccount(u.account.id))!, key: null }
         yield* TestClock.setTime(Date.now())
-        const first = yield* Effect.either(rotateKey(caller))
+        const first = yield* Effect.result(rotateKey(caller))
         yield* TestClock.adjust("59999 millis")
-        const early = yield* Effect.either(rotateKey(caller))
+        const early = yield* Effect.result(rotateKey(caller))
         yield* TestClock.adjust("1 millis")
-        const due = yield* Effect.either(rotateKey(caller))
-        const immediately = yield* Effect.either(rotateKey(caller))
+        const due = yield* Effect.result(rotateKey(caller))
+        const immediately = yield* Effect.result(rotateKey(caller))
         return { first, early, due, immediately }
-      }).pipe(Effect.provide(TestContext.TestContext)))
-      expect(Either.isRight(outcome.first)).toBe(true)
-      expect(Either.isLeft(outcome.early) && outcome.early.left.code).toBe("rotate_cooldown")
-      expect(Either.isRight(outcome.due)).toBe(true)
-      expect(Either.isLeft(outcome.immediately) && outcome.immediately.left.code).toBe("rotate_cooldown")
+      }).pipe(Effect.provide(TestClock.layer())))
+      expect(Result.isSuccess(outcome.first)).toBe(true)
+      expect(Result.isFailure(outcome.early) && outcome.early.failure.code).toBe("rotate_cooldown")
+      expect(Result.isSuccess(outcome.due)).toBe(true)
+      expect(Result.isFailure(outcome.immediately) && outcome.immediately.failure.code).toBe("rotate_cooldown")
       // The HTTP endpoint sees the same stamp: live time is within 60 s of it.
       expect((await call(gw, "POST", "/api/user/me/rotate-key", { session: u.session })).status).toBe(429)
     })

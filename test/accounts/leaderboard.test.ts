@@ -1,9 +1,10 @@
 /** The single-flight cache of Leaderboard.ts on the TestClock, with a counting loader (no database). */
-import { Deferred, Effect, Fiber, TestClock, TestContext } from "effect"
+import { Deferred, Effect, Fiber } from "effect"
+import { TestClock } from "effect/testing"
 import { describe, expect, it } from "vitest"
 import { countAbove, LEADERBOARD_TTL_MS, makeLeaderboard, standingOn } from "../../src/accounts/Leaderboard.js"
 
-const run = <A>(effect: Effect.Effect<A>) => Effect.runPromise(effect.pipe(Effect.provide(TestContext.TestContext)))
+const run = <A>(effect: Effect.Effect<A>) => Effect.runPromise(effect.pipe(Effect.provide(TestClock.layer())))
 
 describe("countAbove and standingOn", () => {
   const totals = Float64Array.from([900, 500, 500, 300, 10])
@@ -30,11 +31,11 @@ describe("makeLeaderboard", () => {
       const board = yield* makeLeaderboard(() =>
         Effect.suspend(() => {
           loads++
-          return Deferred.succeed(started, undefined).pipe(Effect.zipRight(Deferred.await(gate)), Effect.as(Float64Array.from([loads])))
+          return Deferred.succeed(started, undefined).pipe(Effect.andThen(Deferred.await(gate)), Effect.as(Float64Array.from([loads])))
         })
       )
       yield* TestClock.setTime(1_000_000)
-      const waiting = yield* Effect.fork(Effect.all(Array.from({ length: 40 }, () => board.today), { concurrency: "unbounded" }))
+      const waiting = yield* Effect.forkChild(Effect.all(Array.from({ length: 40 }, () => board.today), { concurrency: "unbounded" }))
       yield* Deferred.await(started)
       const whileLoading = loads
       yield* Deferred.succeed(gate, undefined)
@@ -55,7 +56,7 @@ describe("makeLeaderboard", () => {
         Effect.suspend(() => {
           loads++
           return Deferred.succeed(started, undefined).pipe(
-            Effect.zipRight(Deferred.await(gate)),
+            Effect.andThen(Deferred.await(gate)),
             Effect.as(Float64Array.from([loads]))
           )
         })
@@ -66,7 +67,7 @@ describe("makeLeaderboard", () => {
       gate = yield* Deferred.make<void>()
       started = yield* Deferred.make<void>()
       yield* TestClock.adjust(LEADERBOARD_TTL_MS)
-      const refresher = yield* Effect.fork(board.today)
+      const refresher = yield* Effect.forkChild(board.today)
       yield* Deferred.await(started)
       // The refresh is in flight: the others do not wait for it.
       const others = yield* Effect.all(Array.from({ length: 10 }, () => board.today), { concurrency: "unbounded" })

@@ -5,8 +5,9 @@
  * (Requests over HTTP arrive staggered, so the HTTP test proves the board is shared, not per call; true
  * concurrency on one stale board is exercised on the TestClock below and in leaderboard.test.ts.)
  */
-import { SqlClient } from "@effect/sql"
-import { Effect, TestClock, TestContext } from "effect"
+import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
+import { TestClock } from "effect/testing"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
 import { LEADERBOARD_TTL_MS, leaderboardDayStart, loadTotals, makeLeaderboard } from "../../src/accounts/Leaderboard.js"
@@ -214,7 +215,7 @@ describe.each(backends)("snapshot cost on $name", ({ postgres }) => {
       yield* TestClock.setTime(leaderboardDayStart(start) + DAY_MS)
       const tomorrow = yield* board.today
       return { first, afterFirst, beforeTtl, afterTtl, tomorrow, afterDay: board.computations() }
-    }).pipe(Effect.provide(TestContext.TestContext)))
+    }).pipe(Effect.provide(TestClock.layer())))
     expect(outcome.afterFirst).toBe(1)
     expect(new Set(outcome.first).size).toBe(1)
     const boosted = new Map(todayTokens)

@@ -1,5 +1,5 @@
-import { SqlClient } from "@effect/sql"
 import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
 import * as Crypto from "node:crypto"
 import { AccountsRepo, type AccountRow, type NewAccount } from "../../src/accounts/AccountsRepo.js"
 import { RequestLog } from "../../src/telemetry/RequestLog.js"
@@ -114,7 +114,9 @@ export const errorRow = (accountId: string, code: string | null, httpStatus: num
 
 export const insertRows = (gw: TestGateway, rows: ReadonlyArray<FixtureRow>) =>
   gw.run(Effect.flatMap(SqlClient.SqlClient, (sql) =>
-    Effect.orDie(sql`INSERT INTO request_log ${sql.insert(rows as unknown as Array<Record<string, unknown>>)}`)))
+    Effect.orDie(sql`INSERT INTO request_log ${
+      sql.insert(rows as unknown as readonly [Record<string, unknown>, ...Array<Record<string, unknown>>])
+    }`)))
 
 export interface Reply {
   readonly status: number

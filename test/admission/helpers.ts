@@ -3,8 +3,8 @@
  * (memory actors persisted to PostgreSQL, or Redis + PostgreSQL), accounts on chosen plans, models routed to the
  * scripted mock upstream, and reads of the engine's internal standing through `gw.run`.
  */
-import { SqlClient } from "@effect/sql"
 import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
 import { expect } from "vitest"
 import { Settings } from "../../src/config/Live.js"
 import { Admission, type Standing } from "../../src/quota/Admission.js"

@@ -1,8 +1,8 @@
 /**
  * Bearer authentication over HTTP against running gateways: embedded, and two replicas on one PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
 import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
 import pg from "pg"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"

@@ -2,9 +2,10 @@
  * The Auth service over a real PostgreSQL database: account gates, key cache TTLs and invalidation,
  * last-used stamps. Time is the TestClock's.
  */
-import { SqlClient } from "@effect/sql"
 import { describe, expect, it } from "@effect/vitest"
-import { Context, Effect, Either, Layer, ManagedRuntime, Redacted, TestClock } from "effect"
+import { Context, Effect, Layer, ManagedRuntime, Redacted, Result } from "effect"
+import { SqlClient } from "effect/sql"
+import { TestClock } from "effect/testing"
 import { afterAll, beforeAll } from "vitest"
 import * as Accounts from "../../src/accounts/AccountsRepo.js"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
@@ -21,7 +22,7 @@ const postgres = await serviceGate("postgres")
 const base = loadConfig({ path: "config/gateway.yaml", env: {} })
 
 type Access = GatewayConfig["access"]
-const settingsWith = (access: Partial<Access> = {}): Context.Tag.Service<Settings> => {
+const settingsWith = (access: Partial<Access> = {}): Context.Service.Shape<typeof Settings> => {
   const config: GatewayConfig = { ...base.config, access: { ...base.config.access, ...access } }
   return {
     config,
@@ -57,16 +58,16 @@ const account = (extra: Partial<Accounts.NewAccount> = {}) =>
 const caller = (row: Accounts.AccountRow): AuthModule.Caller => ({ account: row, key: null })
 
 /** The code of a failed gate, or "ok". */
-const gateResult = (auth: Context.Tag.Service<AuthModule.Auth>, row: Accounts.AccountRow, headers: Record<string, string> = {}) =>
+const gateResult = (auth: Context.Service.Shape<typeof AuthModule.Auth>, row: Accounts.AccountRow, headers: Record<string, string> = {}) =>
   auth.gate(caller(row), headers).pipe(
-    Effect.either,
-    Effect.map(Either.match({ onLeft: (e) => e.code as string, onRight: () => "ok" }))
+    Effect.result,
+    Effect.map(Result.match({ onFailure: (e) => e.code as string, onSuccess: () => "ok" }))
   )
 
-const authResult = (auth: Context.Tag.Service<AuthModule.Auth>, key: string) =>
+const authResult = (auth: Context.Service.Shape<typeof AuthModule.Auth>, key: string) =>
   auth.authenticateKey(`Bearer ${key}`).pipe(
-    Effect.either,
-    Effect.map(Either.match({ onLeft: (e) => e.code as string, onRight: (c) => c.account.status }))
+    Effect.result,
+    Effect.map(Result.match({ onFailure: (e) => e.code as string, onSuccess: (c) => c.account.status }))
   )
 
 const revokeInDbOnly = (keyId: number) =>
@@ -85,7 +86,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
       )
     )
     runtime = ManagedRuntime.make(layer as Layer.Layer<Services, unknown>)
-    context = (await runtime.runtime()).context
+    context = await runtime.context()
   })
   afterAll(async () => {
     await runtime?.dispose()
@@ -93,7 +94,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
   })
 
   describe("gates", () => {
-    it.scoped("status: only active passes; unlinked and revoked give account_unlinked", () =>
+    it.effect("status: only active passes; unlinked and revoked give account_unlinked", () =>
       withDb(Effect.gen(function*() {
         const auth = yield* makeAuth()
         expect(yield* gateResult(auth, yield* account())).toBe("ok")
@@ -101,7 +102,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* gateResult(auth, yield* account({ status: "revoked" }))).toBe("account_unlinked")
       })))
 
-    it.scoped("legacy_account_upgrade_required needs is_legacy and needs_migration", () =>
+    it.effect("legacy_account_upgrade_required needs is_legacy and needs_migration", () =>
       withDb(Effect.gen(function*() {
         const auth = yield* makeAuth()
         expect(yield* gateResult(auth, yield* account({ isLegacy: true, needsMigration: true })))
@@ -110,7 +111,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* gateResult(auth, yield* account({ needsMigration: true }))).toBe("ok")
       })))
 
-    it.scoped("guest_expired once the clock passes guest_expires_at", () =>
+    it.effect("guest_expired once the clock passes guest_expires_at", () =>
       withDb(Effect.gen(function*() {
         const start = Date.parse("2026-03-01T00:00:00Z")
         yield* TestClock.setTime(start)
@@ -126,7 +127,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* gateResult(auth, yield* account({ guestExpiresAt: new Date(start) }))).toBe("ok")
       })))
 
-    it.scoped("email_required only with enforcement on, and only without a verified email", () =>
+    it.effect("email_required only with enforcement on, and only without a verified email", () =>
       withDb(Effect.gen(function*() {
         const enforced = yield* makeAuth({ email_enforcement: true })
         const relaxed = yield* makeAuth({ email_enforcement: false })
@@ -140,7 +141,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* gateResult(relaxed, unverified)).toBe("ok")
       })))
 
-    it.scoped("geo_restricted: the configured header, allowed countries, fails closed without the header", () =>
+    it.effect("geo_restricted: the configured header, allowed countries, fails closed without the header", () =>
       withDb(Effect.gen(function*() {
         const locked = yield* makeAuth({
           region_lock: { enabled: true, header: "X-Test-Country", allowed_countries: ["KR", "jp"] }
@@ -160,7 +161,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* gateResult(open, row, {})).toBe("ok")
       })))
 
-    it.scoped("order: region, status, legacy, guest, email", () =>
+    it.effect("order: region, status, legacy, guest, email", () =>
       withDb(Effect.gen(function*() {
         yield* TestClock.setTime(Date.now())
         const auth = yield* makeAuth({
@@ -192,7 +193,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
   })
 
   describe("key cache", () => {
-    it.scoped("malformed or unknown keys are invalid_api_key", () =>
+    it.effect("malformed or unknown keys are invalid_api_key", () =>
       withDb(Effect.gen(function*() {
         const auth = yield* makeAuth()
         const row = yield* account()
@@ -212,7 +213,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect((yield* auth.authenticateKey(`bearer ${key}`)).account.id).toBe(row.id)
       })))
 
-    it.scoped("a cached key is served without the database for 60 s; invalidation drops it at once", () =>
+    it.effect("a cached key is served without the database for 60 s; invalidation drops it at once", () =>
       withDb(Effect.gen(function*() {
         yield* TestClock.setTime(Date.now())
         const auth = yield* makeAuth()
@@ -237,7 +238,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* authResult(auth, b.key)).toBe("invalid_api_key")
       })))
 
-    it.scoped("an unknown key is remembered for 5 s", () =>
+    it.effect("an unknown key is remembered for 5 s", () =>
       withDb(Effect.gen(function*() {
         yield* TestClock.setTime(Date.now())
         const auth = yield* makeAuth()
@@ -254,7 +255,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* authResult(auth, key)).toBe("active")
       })))
 
-    it.scoped("invalidateAccount refreshes the cached account (status changes reach the gates)", () =>
+    it.effect("invalidateAccount refreshes the cached account (status changes reach the gates)", () =>
       withDb(Effect.gen(function*() {
         yield* TestClock.setTime(Date.now())
         const auth = yield* makeAuth()
@@ -270,7 +271,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* gateResult(auth, caller.account)).toBe("account_unlinked")
       })))
 
-    it.scoped("last_used_at is stamped at most once a minute", () =>
+    it.effect("last_used_at is stamped at most once a minute", () =>
       withDb(Effect.gen(function*() {
         const start = Date.parse("2026-05-05T05:00:00Z")
         yield* TestClock.setTime(start)
@@ -296,7 +297,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* lastUsed).toBe(start + 61_000)
       })))
 
-    it.scoped("sessions authenticate as the account without a key", () =>
+    it.effect("sessions authenticate as the account without a key", () =>
       withDb(Effect.gen(function*() {
         const auth = yield* makeAuth()
         const row = yield* account()

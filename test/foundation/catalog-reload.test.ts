@@ -1,5 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Fiber, HashMap, Logger, LogLevel, Stream, TestClock } from "effect"
+import { Effect, Fiber, Layer, Logger, References, Stream } from "effect"
+import { TestClock } from "effect/testing"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
@@ -24,11 +25,12 @@ const fixture = () => {
   let doc = defaultConfigDoc()
   Fs.writeFileSync(file, Yaml.stringify(doc))
   const logs: Array<Logged> = []
-  const logger = Logger.make<unknown, void>(({ annotations, logLevel, message }) => {
+  const logger = Logger.make<unknown, void>(({ fiber, logLevel, message }) => {
     logs.push({
-      level: logLevel.label,
+      // v3's LogLevel labels ("INFO", "WARN"); v4 levels are "Info", "Warn".
+      level: logLevel.toUpperCase(),
       message: Array.isArray(message) ? message.map(String).join(" ") : String(message),
-      annotations: Object.fromEntries(HashMap.toEntries(annotations))
+      annotations: { ...fiber.getRef(References.CurrentLogAnnotations) }
     })
   })
   return {
@@ -41,7 +43,7 @@ const fixture = () => {
       Fs.writeFileSync(file, Yaml.stringify(doc))
     },
     writeRaw: (text: string) => Fs.writeFileSync(file, text),
-    withLogger: Logger.replace(Logger.defaultLogger, logger)
+    withLogger: Logger.layer([logger])
   }
 }
 
@@ -49,7 +51,7 @@ const model = (view: { byId: ReadonlyMap<string, { rate_limit_rpm: number; max_i
   view.byId.get(id)!
 
 describe("live catalog reload (TestClock)", () => {
-  it.scoped("a changed rate_limit_rpm, max_input_tokens, cap or disabled applies after one period, not before", () => {
+  it.effect("a changed rate_limit_rpm, max_input_tokens, cap or disabled applies after one period, not before", () => {
     const f = fixture()
     return Effect.gen(function*() {
       const live = yield* makeLiveCatalog(f.file, f.initial, "5 seconds")
@@ -81,21 +83,21 @@ describe("live catalog reload (TestClock)", () => {
     }).pipe(Effect.provide(f.withLogger))
   })
 
-  it.scoped("changes emits the current catalog, then each accepted version", () => {
+  it.effect("changes emits the current catalog, then each accepted version", () => {
     const f = fixture()
     return Effect.gen(function*() {
       const live = yield* makeLiveCatalog(f.file, f.initial, "5 seconds")
-      const seen = yield* live.changes.pipe(Stream.take(2), Stream.runCollect, Effect.fork)
+      const seen = yield* live.changes.pipe(Stream.take(2), Stream.runCollect, Effect.forkChild)
       yield* TestClock.adjust("1 second")
       f.edit((d) => (d.catalog.models[1].rate_limit_rpm = 3))
       yield* TestClock.adjust("5 seconds")
-      const versions = Chunk.toReadonlyArray(yield* Fiber.join(seen))
+      const versions = yield* Fiber.join(seen)
       expect(versions.map((v) => v.version)).toEqual([1, 2])
       expect(model(versions[1]!, "ws-reasoner").rate_limit_rpm).toBe(3)
     }).pipe(Effect.provide(f.withLogger))
   })
 
-  it.scoped("an invalid edit keeps the previous catalog and logs why; a later valid edit applies", () => {
+  it.effect("an invalid edit keeps the previous catalog and logs why; a later valid edit applies", () => {
     const f = fixture()
     return Effect.gen(function*() {
       const live = yield* makeLiveCatalog(f.file, f.initial, "5 seconds")
@@ -123,7 +125,7 @@ describe("live catalog reload (TestClock)", () => {
     }).pipe(Effect.provide(f.withLogger))
   })
 
-  it.scoped("a deleted file keeps the catalog (nothing to reload)", () => {
+  it.effect("a deleted file keeps the catalog (nothing to reload)", () => {
     const f = fixture()
     return Effect.gen(function*() {
       const live = yield* makeLiveCatalog(f.file, f.initial, "5 seconds")
@@ -132,7 +134,7 @@ describe("live catalog reload (TestClock)", () => {
       yield* TestClock.adjust("5 seconds")
       expect(live.current().version).toBe(1)
       expect(live.current().listed.length).toBe(4)
-    }).pipe(Effect.provide(Logger.minimumLogLevel(LogLevel.None)))
+    }).pipe(Effect.provide(Layer.succeed(References.MinimumLogLevel, "None")))
   })
 })
 

@@ -1,4 +1,4 @@
-import type { HttpServerResponse } from "@effect/platform"
+import type { HttpServerResponse } from "effect/http"
 import { describe, expect, it } from "vitest"
 import { Catalog, type Code, codes, type ErrorType, fail, GatewayError } from "../../src/errors/Catalog.js"
 import { renderAccount, renderBare, renderImage, renderInference } from "../../src/errors/Render.js"

@@ -1,8 +1,8 @@
 /**
  * GET /v1/models (exact Model entry fields) and request ids on every response, against a running gateway.
  */
-import { HttpRouter, HttpServerResponse } from "@effect/platform"
-import { Effect, Layer, Logger, LogLevel, ManagedRuntime } from "effect"
+import { Effect, Layer, ManagedRuntime, References } from "effect"
+import { HttpRouter, HttpServerResponse } from "effect/http"
 import OpenAI from "openai"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { loadConfig } from "../../src/config/GatewayConfig.js"
@@ -112,12 +112,12 @@ describe("GET /v1/models", () => {
 describe("request ids outside the handlers", () => {
   const { config, path } = loadConfig({ path: "config/gateway.yaml", env: { WELLSPRING_PORT: "0" } })
   const routes = {
-    inference: HttpRouter.empty.pipe(
-      HttpRouter.get("/boom", Effect.die("boom")),
-      HttpRouter.get("/raw", HttpServerResponse.text("raw"))
+    inference: Layer.mergeAll(
+      HttpRouter.add("GET", "/boom", Effect.die("boom")),
+      HttpRouter.add("GET", "/raw", HttpServerResponse.text("raw"))
     ),
-    account: HttpRouter.empty,
-    status: HttpRouter.empty
+    account: Layer.empty,
+    status: Layer.empty
   }
   const settings = Layer.succeed(Settings, {
     config,
@@ -127,7 +127,7 @@ describe("request ids outside the handlers", () => {
     planFor: () => config.plans[config.default_plan]!
   })
   const runtime = ManagedRuntime.make(
-    Layer.provideMerge(Server.layer(routes), settings).pipe(Layer.provide(Logger.minimumLogLevel(LogLevel.None)))
+    Layer.provideMerge(Server.layer(routes), settings).pipe(Layer.provide(Layer.succeed(References.MinimumLogLevel, "None")))
   )
   afterAll(() => runtime.dispose())
 

@@ -1,5 +1,5 @@
-import { SqlClient } from "@effect/sql"
 import { Context, Effect, Exit, Layer, ManagedRuntime, Redacted } from "effect"
+import { SqlClient } from "effect/sql"
 import * as Crypto from "node:crypto"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
@@ -18,7 +18,7 @@ const postgres = await serviceGate("postgres")
 
 const { config, path } = loadConfig({ path: "config/gateway.yaml", env: {} })
 
-const settings = (encryptionKey: Buffer | null): Context.Tag.Service<Settings> => ({
+const settings = (encryptionKey: Buffer | null): Context.Service.Shape<typeof Settings> => ({
   config,
   path,
   encryptionKey,

@@ -4,7 +4,7 @@
  * without a 5xx, with a small error body, keeps one request row per authenticated inference request, and still
  * answers and records a valid request afterwards.
  */
-import { SqlClient } from "@effect/sql"
+import { SqlClient } from "effect/sql"
 import { Effect } from "effect"
 import fc from "fast-check"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"

@@ -2,7 +2,7 @@
  * Shared helpers of the inference suites: HTTP calls, SSE parsing, request rows, and a catalog entry
  * routed to the scripted mock upstream.
  */
-import { SqlClient } from "@effect/sql"
+import { SqlClient } from "effect/sql"
 import { Effect } from "effect"
 import { expect } from "vitest"
 import { RequestLog } from "../../src/telemetry/RequestLog.js"

@@ -3,12 +3,13 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { afterEach, vi } from "vitest"
-import { Duration, Effect, Exit, Scope, TestClock } from "effect"
+import { Duration, Effect, Exit, Scope } from "effect"
+import { TestClock } from "effect/testing"
 import type { Readable } from "node:stream"
 import { idlePinger, PING_FRAME, PING_INTERVAL, sseBody } from "../../src/inference/SseBody.js"
 import { UpstreamError, type UpstreamCall, type UpstreamEvent, type UpstreamSink } from "../../src/upstream/Upstream.js"
 
-const advance = (ms: number) => TestClock.adjust(Duration.millis(ms)).pipe(Effect.zipRight(Effect.yieldNow()))
+const advance = (ms: number) => TestClock.adjust(Duration.millis(ms)).pipe(Effect.andThen(Effect.yieldNow))
 
 /** Everything buffered in the readable so far. */
 const drain = (body: Readable): string => {
@@ -115,11 +116,11 @@ describe("idle pinger on the live clock (a plain timer, driven here by fake time
 describe("SSE body", () => {
   it.effect("writes head and first events, streams later batches, pings when idle, ends with the final frames", () =>
     Effect.gen(function*() {
-      const runtime = yield* Effect.runtime<never>()
+      const context = yield* Effect.context<never>()
       const scope = yield* Scope.make()
       const log: Array<string> = []
       const { state, open } = fakeCall([content("a")])
-      const body = yield* sseBody(runtime, scope, open, "data: head\n\n", handlers(log))
+      const body = yield* sseBody(context, scope, open, "data: head\n\n", handlers(log))
       expect(drain(body)).toBe("data: head\n\ndata: a\n\n")
       yield* Effect.promise(() => new Promise<void>((r) => queueMicrotask(r)))
       expect(state.resumed).toBe(1)
@@ -128,8 +129,8 @@ describe("SSE body", () => {
       yield* advance(8_000)
       expect(drain(body)).toBe(PING_FRAME)
       state.sink!.onEnd()
-      yield* Effect.yieldNow()
-      yield* Effect.yieldNow()
+      yield* Effect.yieldNow
+      yield* Effect.yieldNow
       expect(log).toEqual(["end"])
       expect(drain(body)).toBe("data: last\n\ndata: [DONE]\n\n")
       expect(body.readableEnded || body.read() === null).toBe(true)
@@ -139,16 +140,16 @@ describe("SSE body", () => {
 
   it.effect("a mid-stream failure destroys the body without the final frames", () =>
     Effect.gen(function*() {
-      const runtime = yield* Effect.runtime<never>()
+      const context = yield* Effect.context<never>()
       const scope = yield* Scope.make()
       const log: Array<string> = []
       const { state, open } = fakeCall([content("a")])
-      const body = yield* sseBody(runtime, scope, open, "", handlers(log))
+      const body = yield* sseBody(context, scope, open, "", handlers(log))
       drain(body)
       body.on("error", () => {})
       state.sink!.onError(new UpstreamError({ kind: "protocol", detail: "dropped" }))
-      yield* Effect.yieldNow()
-      yield* Effect.yieldNow()
+      yield* Effect.yieldNow
+      yield* Effect.yieldNow
       expect(log).toEqual(["failed:protocol"])
       // The connection is cut once the client has taken what was already queued.
       expect(drain(body)).not.toContain("[DONE]")
@@ -159,29 +160,29 @@ describe("SSE body", () => {
 
   it.effect("a client that goes away aborts the upstream call and is recorded as cancelled once", () =>
     Effect.gen(function*() {
-      const runtime = yield* Effect.runtime<never>()
+      const context = yield* Effect.context<never>()
       const scope = yield* Scope.make()
       const log: Array<string> = []
       const { state, open } = fakeCall([content("a")])
-      const body = yield* sseBody(runtime, scope, open, "", handlers(log))
+      const body = yield* sseBody(context, scope, open, "", handlers(log))
       body.destroy()
       body.destroy()
-      yield* Effect.yieldNow()
+      yield* Effect.yieldNow
       expect(state.aborted).toBe(1)
       expect(log).toEqual(["cancelled"])
       expect(state.sink!.onEvents([content("late")])).toBe(false)
       state.sink!.onEnd()
-      yield* Effect.yieldNow()
+      yield* Effect.yieldNow
       expect(log).toEqual(["cancelled"])
       yield* Scope.close(scope, Exit.void)
     }))
 
   it.effect("back-pressure: a full buffer pauses the upstream until the client reads", () =>
     Effect.gen(function*() {
-      const runtime = yield* Effect.runtime<never>()
+      const context = yield* Effect.context<never>()
       const scope = yield* Scope.make()
       const { state, open } = fakeCall([content("a")])
-      const body = yield* sseBody(runtime, scope, open, "", handlers([]))
+      const body = yield* sseBody(context, scope, open, "", handlers([]))
       yield* Effect.promise(() => new Promise<void>((r) => queueMicrotask(r)))
       const resumedBefore = state.resumed
       const big = content("x".repeat(20_000))

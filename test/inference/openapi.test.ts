@@ -2,7 +2,7 @@
  * `GET /v1/openapi.json` (spec: Versioning 1; issue [2/4] §8): version 1.0.0, generated from the same
  * Schema that validates chat requests.
  */
-import { OpenApiJsonSchema } from "@effect/platform"
+import { Schema } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { ChatRequest } from "../../src/inference/ChatRequest.js"
 import { startGateway, type TestGateway } from "../support/Gateway.js"
@@ -47,10 +47,10 @@ describe("GET /v1/openapi.json", () => {
       ["max_tokens", "messages", "model", "parallel_tool_calls", "reasoning_effort", "stop", "stream", "temperature", "tool_choice", "tools", "top_p"]
     )
     // Generated from the very Schema that decodes requests, not a hand-written copy.
-    const defs: Record<string, any> = {}
-    const generated = OpenApiJsonSchema.makeWithDefs(ChatRequest, { defs, defsPath: "#/components/schemas/" })
-    expect(generated).toEqual({ $ref: "#/components/schemas/ChatCompletionRequest" })
-    expect(JSON.parse(JSON.stringify(defs.ChatCompletionRequest))).toEqual(request)
+    // (OpenApi.fromApi generates with `onExcessProperty: "error"`: objects are `additionalProperties: false`.)
+    const generated = Schema.toJsonSchemaDocument(ChatRequest, { onExcessProperty: "error" })
+    expect(generated.schema).toEqual({ $ref: "#/$defs/ChatCompletionRequest" })
+    expect(JSON.parse(JSON.stringify(generated.definitions.ChatCompletionRequest))).toEqual(request)
   })
 
   it("documents the response with usage and the receipt, and the stream", () => {

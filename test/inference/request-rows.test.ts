@@ -3,7 +3,7 @@
  * `request_log` row, written by the batched writer off the response path; ids are unique across id
  * blocks. Runs against embedded PGlite and against real PostgreSQL.
  */
-import { SqlClient } from "@effect/sql"
+import { SqlClient } from "effect/sql"
 import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { RequestLog } from "../../src/telemetry/RequestLog.js"

@@ -1,6 +1,7 @@
-import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Cause, Effect, Exit, Layer, Redacted, Scope, TestClock } from "effect"
+import { Cause, Effect, Exit, Layer, Redacted, Scope } from "effect"
+import { SqlClient } from "effect/sql"
+import { TestClock } from "effect/testing"
 import { Admission } from "../../src/quota/Admission.js"
 import { AdmissionMemoryProbe, layerMemoryWithProbe, type MemoryOptions } from "../../src/quota/AdmissionMemory.js"
 import { layerPostgres, runMigrations } from "../../src/store/Sql.js"
@@ -36,10 +37,10 @@ describe("AdmissionMemory actors", () => {
       yield* once("a", 100)
       yield* once("b", 7)
       const scope = yield* Scope.make()
-      const open = yield* adm.admit(input("a", model({ id: "m" }), p, 50)).pipe(Scope.extend(scope))
+      const open = yield* adm.admit(input("a", model({ id: "m" }), p, 50)).pipe(Scope.provide(scope))
 
       const crash = yield* Effect.exit(probe.crash("a"))
-      expect(Exit.isFailure(crash) && Cause.isDie(crash.cause)).toBe(true)
+      expect(Exit.isFailure(crash) && Cause.hasDies(crash.cause)).toBe(true)
       expect(probe.restarts()).toBe(1)
 
       expect((yield* adm.standing("a", p)).session.used).toBe(150)
@@ -82,7 +83,7 @@ describe("AdmissionMemory actors", () => {
       const adm = yield* Admission
       const probe = yield* AdmissionMemoryProbe
       const scope = yield* Scope.make()
-      const t = yield* adm.admit(input("a", model({ id: "m" }), plan(), 10)).pipe(Scope.extend(scope))
+      const t = yield* adm.admit(input("a", model({ id: "m" }), plan(), 10)).pipe(Scope.provide(scope))
       yield* TestClock.adjust("1 hour")
       expect(yield* probe.liveActors).toBe(1)
       expect((yield* t.settle({ inputTokens: 30, outputTokens: 0 })).weighted).toBe(30)
@@ -135,7 +136,7 @@ describe.skipIf(!postgres)("AdmissionMemory persistence (PostgreSQL)", () => {
   })
   const sqlLayer = () => layerPostgres(Redacted.make(db.url), 2)
   const withSql = (options: Omit<MemoryOptions, "sql">) =>
-    Layer.unwrapEffect(Effect.map(SqlClient.SqlClient, (sql) => layerMemoryWithProbe({ ...options, sql })))
+    Layer.unwrap(Effect.map(SqlClient.SqlClient, (sql) => layerMemoryWithProbe({ ...options, sql })))
 
   it.live("state survives a restart: written behind on scope close, loaded when an actor starts", () =>
     Effect.gen(function*() {

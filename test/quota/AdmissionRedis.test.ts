@@ -1,6 +1,7 @@
-import { SqlClient } from "@effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Layer, Redacted, Scope, TestClock } from "effect"
+import { Clock, Context, Effect, Exit, Layer, Redacted, Scope } from "effect"
+import { SqlClient } from "effect/sql"
+import { TestClock } from "effect/testing"
 import { Redis } from "ioredis"
 import { Admission } from "../../src/quota/Admission.js"
 import { AdmissionRedisProbe, layerRedisWithProbe, type RedisAdmissionOptions } from "../../src/quota/AdmissionRedis.js"
@@ -59,7 +60,7 @@ describe.skipIf(!redisUp)("AdmissionRedis", () => {
       yield* TestClock.adjust(1)
       // lapsed: pruned by the next admission, which takes the slot
       const scope = yield* Scope.make()
-      yield* adm.admit(input("a", m, p, 1)).pipe(Scope.extend(scope))
+      yield* adm.admit(input("a", m, p, 1)).pipe(Scope.provide(scope))
       expect(yield* probe.inFlight("leased")).toBe(1)
       // this replica is alive: its heartbeat keeps the lease past the original 30 s
       yield* TestClock.adjust("20 seconds")
@@ -102,7 +103,7 @@ describe.skipIf(!redisUp)("AdmissionRedis", () => {
           const m = model({ id: "m" })
           const p = plan()
           const held = yield* Scope.make()
-          const ticket = yield* adm.admit(input("a", m, p, 100)).pipe(Scope.extend(held))
+          const ticket = yield* adm.admit(input("a", m, p, 100)).pipe(Scope.provide(held))
 
           yield* Effect.promise(() => server.stop())
           const started = Date.now()
@@ -161,6 +162,13 @@ describe.skipIf(!redisUp)("AdmissionRedis", () => {
 // --- rebuild from PostgreSQL ---------------------------------------------------------------------------------------
 
 const postgresUp = await serviceGate("postgres")
+
+/**
+ * The PostgreSQL pool on real time, as node-pg's own timers were in v3. The v4 pool keeps its idle-TTL fiber on
+ * the Effect Clock: built under TestClock, `TestClock.setTime(T0)` would wake it once per idle period since 1970.
+ */
+const liveSql = (url: string) =>
+  layerPostgres(Redacted.make(url), 2).pipe(Layer.provide(Layer.succeed(Clock.Clock, Context.get(Context.empty(), Clock.Clock))))
 
 describe.skipIf(!redisUp || !postgresUp)("AdmissionRedis with PostgreSQL", () => {
   let db: FreshDatabase
@@ -221,5 +229,5 @@ describe.skipIf(!redisUp || !postgresUp)("AdmissionRedis with PostgreSQL", () =>
           })
         )
       ))
-    }).pipe(Effect.provide(layerPostgres(Redacted.make(db.url), 2))))
+    }).pipe(Effect.provide(liveSql(db.url))))
 })

@@ -3,7 +3,8 @@
  * the memory layer reads `Clock`, the Redis layer runs with `time: "clock"` (scripts receive `now`).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Deferred, Effect, Exit, Fiber, type Layer, Scope, TestClock } from "effect"
+import { Deferred, Effect, Exit, Fiber, type Layer, Scope } from "effect"
+import { TestClock } from "effect/testing"
 import type { GatewayError } from "../../src/errors/Catalog.js"
 import { Admission, type AdmitInput, type Ticket } from "../../src/quota/Admission.js"
 import type { AbuseSettings } from "../../src/quota/Policy.js"
@@ -42,7 +43,7 @@ export const admissionContract = (target: ContractTarget) => {
     Effect.gen(function*() {
       const adm = yield* Admission
       const scope = yield* Scope.make()
-      const ticket = yield* adm.admit(i).pipe(Scope.extend(scope))
+      const ticket = yield* adm.admit(i).pipe(Scope.provide(scope))
       return { ticket, close: Scope.close(scope, Exit.void) }
     })
 
@@ -421,14 +422,16 @@ export const admissionContract = (target: ContractTarget) => {
         const attempt = Effect.scoped(
           adm.admit(input("a", m, p, r)).pipe(
             Effect.tap(() => Effect.sync(() => admitted++)),
+            // counted before the signal: in v4 completing a Deferred runs its waiter (this test) at once
+            Effect.tapError((e) => Effect.sync(() => codes.set(e.code, (codes.get(e.code) ?? 0) + 1))),
             Effect.ensuring(Effect.sync(() => {
-              if (++tried === 1000) Deferred.unsafeDone(allTried, Exit.void)
+              if (++tried === 1000) Deferred.doneUnsafe(allTried, Exit.void)
             })),
-            Effect.zipRight(Deferred.await(release)),
-            Effect.catchAll((e) => Effect.sync(() => codes.set(e.code, (codes.get(e.code) ?? 0) + 1)))
+            Effect.andThen(Deferred.await(release)),
+            Effect.catch(() => Effect.void)
           )
         )
-        const fibers = yield* Effect.forEach(Array.from({ length: 1000 }), () => Effect.fork(attempt))
+        const fibers = yield* Effect.forEach(Array.from({ length: 1000 }), () => Effect.forkChild(attempt))
         yield* Deferred.await(allTried)
         expect(admitted).toBe(Math.ceil(limit / r))
         expect(codes.get("session_exhausted")).toBe(1000 - admitted)
@@ -464,17 +467,24 @@ export const admissionContract = (target: ContractTarget) => {
         )
         const attempt = (i: number) =>
           Effect.scoped(Effect.gen(function*() {
-            const outcome = yield* Effect.either(adm.admit(input(`acct-${i % 13}`, m, p, 10)))
-            if (++tried === 1000) Deferred.unsafeDone(allTried, Exit.void)
-            if (outcome._tag === "Left") {
-              expect(outcome.left.code).toBe("model_overloaded")
-              overloaded++
-              return
-            }
-            yield* countHeld
-            yield* Deferred.await(release)
+            const admitted = yield* Effect.gen(function*() {
+              const outcome = yield* Effect.result(adm.admit(input(`acct-${i % 13}`, m, p, 10)))
+              if (outcome._tag === "Failure") {
+                expect(outcome.failure.code).toBe("model_overloaded")
+                overloaded++
+                return false
+              }
+              yield* countHeld
+              return true
+            }).pipe(
+              // counted before the signal: in v4 completing a Deferred runs its waiter (this test) at once
+              Effect.ensuring(Effect.sync(() => {
+                if (++tried === 1000) Deferred.doneUnsafe(allTried, Exit.void)
+              }))
+            )
+            if (admitted) yield* Deferred.await(release)
           }))
-        const fibers = yield* Effect.forEach(Array.from({ length: 1000 }, (_, i) => i), (i) => Effect.fork(attempt(i)))
+        const fibers = yield* Effect.forEach(Array.from({ length: 1000 }, (_, i) => i), (i) => Effect.forkChild(attempt(i)))
         yield* Deferred.await(allTried)
         expect(held).toBe(cap)
         expect(overloaded).toBe(1000 - cap)
@@ -498,10 +508,10 @@ export const admissionContract = (target: ContractTarget) => {
         const m = model({ id: "m", concurrency: 1 })
         const p = plan()
         const admitted = yield* Deferred.make<void>()
-        const fiber = yield* Effect.fork(Effect.scoped(
+        const fiber = yield* Effect.forkChild(Effect.scoped(
           adm.admit(input("a", m, p, 400)).pipe(
-            Effect.zipRight(Deferred.succeed(admitted, undefined)),
-            Effect.zipRight(Effect.never)
+            Effect.andThen(Deferred.succeed(admitted, undefined)),
+            Effect.andThen(Effect.never)
           )
         ))
         yield* Deferred.await(admitted)
@@ -512,7 +522,7 @@ export const admissionContract = (target: ContractTarget) => {
         expect((yield* adm.standing("a", p)).session.used).toBe(0)
         expect(yield* adm.dailyUsage("m")).toBe(0)
         // interrupted while settling: the settle either happened (charged) or the scope refunds
-        const settling = yield* Effect.fork(Effect.scoped(
+        const settling = yield* Effect.forkChild(Effect.scoped(
           adm.admit(input("a", m, p, 50)).pipe(Effect.flatMap((t) => t.settle({ inputTokens: 70, outputTokens: 0 })))
         ))
         yield* Fiber.interrupt(settling)
@@ -538,8 +548,8 @@ export const admissionContract = (target: ContractTarget) => {
           const heldBy = new Map<string, number>()
           let maxHeld = 0
           const add = (map: Map<string, number>, k: string, v: number) => map.set(k, (map.get(k) ?? 0) + v)
-          const pause = (n: number) => Effect.repeatN(Effect.yieldNow(), n)
-          const fibers: Array<Fiber.RuntimeFiber<unknown, unknown>> = []
+          const pause = (n: number) => Effect.repeat(Effect.yieldNow, { times: n })
+          const fibers: Array<Fiber.Fiber<unknown, unknown>> = []
           for (let i = 0; i < 150; i++) {
             const account = rng.pick(accounts)
             const m = rng.pick(models)
@@ -590,11 +600,11 @@ export const admissionContract = (target: ContractTarget) => {
                   return yield* Effect.interrupt
               }
             })
-            const fiber = yield* Effect.fork(Effect.scoped(body))
+            const fiber = yield* Effect.forkChild(Effect.scoped(body))
             fibers.push(fiber)
             if (action === "interrupt") {
               yield* pause(rng.int(0, 8))
-              yield* Effect.fork(Fiber.interrupt(fiber))
+              yield* Effect.forkChild(Fiber.interrupt(fiber))
             }
           }
           yield* Effect.forEach(fibers, (f) => Effect.exit(Fiber.await(f)))

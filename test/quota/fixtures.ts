@@ -40,10 +40,10 @@ export const input = (
 ): AdmitInput => ({ accountId, model: m, plan: p, estimatedInputTokens, byok })
 
 /** Slots held on a model's in-flight gate, as seen by the implementation under test. */
-export class InFlightProbe extends Context.Tag("test/quota/InFlightProbe")<
+export class InFlightProbe extends Context.Service<
   InFlightProbe,
   (modelId: string) => Effect.Effect<number, unknown>
->() {}
+>()("test/quota/InFlightProbe") {}
 
 /** Seeded PRNG (mulberry32): reproducible random interleavings without fast-check. */
 export const prng = (seed: number) => {

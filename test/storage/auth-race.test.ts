@@ -3,8 +3,8 @@
  * the revoke and its invalidation happened before the lookup finished. That request may still pass, but the
  * stale answer must not be cached: the next request is rejected at once, not after the 60 s TTL.
  */
-import { SqlClient } from "@effect/sql"
-import { Deferred, Effect, Either, Fiber, ManagedRuntime } from "effect"
+import { type Context, Deferred, Effect, Fiber, ManagedRuntime, Result } from "effect"
+import { SqlClient } from "effect/sql"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
 import * as AuthModule from "../../src/auth/Auth.js"
@@ -14,10 +14,10 @@ import { backends, type StoreServices } from "./backends.js"
 
 const postgres = await serviceGate("postgres")
 
-const outcome = (auth: AuthModule.Auth["Type"], key: string) =>
+const outcome = (auth: Context.Service.Shape<typeof AuthModule.Auth>, key: string) =>
   auth.authenticateKey(`Bearer ${key}`).pipe(
-    Effect.either,
-    Effect.map(Either.match({ onLeft: (e) => e.code as string, onRight: (c) => `ok:${c.account.id}` }))
+    Effect.result,
+    Effect.map(Result.match({ onFailure: (e) => e.code as string, onSuccess: (c) => `ok:${c.account.id}` }))
   )
 
 for (const backend of backends(postgres)) {
@@ -53,12 +53,12 @@ for (const backend of backends(postgres)) {
             repo.findActiveKeyByHash(hash).pipe(Effect.tap(() => {
               if (hash !== raced.row.key_hash || held) return Effect.void
               held = true
-              return Deferred.succeed(read, undefined).pipe(Effect.zipRight(Deferred.await(release)))
+              return Deferred.succeed(read, undefined).pipe(Effect.andThen(Deferred.await(release)))
             }))
         })
         const auth = yield* AuthModule.make.pipe(Effect.provideService(AccountsRepo, gated))
 
-        const inFlight = yield* Effect.fork(outcome(auth, raced.key))
+        const inFlight = yield* Effect.forkChild(outcome(auth, raced.key))
         yield* Deferred.await(read)
         // The key is revoked the way the account API does it, while the lookup still holds the active row.
         expect((yield* repo.revokeKeyById(raced.row.id))?.id).toBe(raced.row.id)

@@ -1,5 +1,5 @@
-import type { SqlClient } from "@effect/sql"
 import { type Context, Layer, Redacted } from "effect"
+import type { SqlClient } from "effect/sql"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
@@ -14,7 +14,7 @@ export const shipped = loadConfig({ path: "config/gateway.yaml", env: {} })
 export const settingsFor = (
   embedded: boolean,
   edit: (config: GatewayConfig) => GatewayConfig = (c) => c
-): Context.Tag.Service<Settings> => {
+): Context.Service.Shape<typeof Settings> => {
   const config = edit(shipped.config)
   return {
     config,
@@ -38,7 +38,7 @@ export interface Backend {
   readonly open: (edit?: (config: GatewayConfig) => GatewayConfig) => Promise<OpenedStore>
 }
 
-const withRepo = (sql: Layer.Layer<SqlClient.SqlClient, unknown>, settings: Context.Tag.Service<Settings>) =>
+const withRepo = (sql: Layer.Layer<SqlClient.SqlClient, unknown>, settings: Context.Service.Shape<typeof Settings>) =>
   Layer.provideMerge(Accounts.layer, Layer.merge(Layer.succeed(Settings, settings), sql)) as Layer.Layer<
     StoreServices,
     unknown

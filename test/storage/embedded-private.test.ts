@@ -6,8 +6,8 @@
  *   included) are in the database after SIGTERM;
  * - production mode (DATABASE_URL) never creates the dev account nor prints a key.
  */
-import { SqlClient } from "@effect/sql"
 import { Effect, type Layer, ManagedRuntime } from "effect"
+import { SqlClient } from "effect/sql"
 import * as ChildProcess from "node:child_process"
 import * as Crypto from "node:crypto"
 import * as Fs from "node:fs"

@@ -3,8 +3,8 @@
  * temporary folder when the data folder's path is too long for a socket address; a socket file left by a
  * process that died does not block the next start.
  */
-import { SqlClient } from "@effect/sql"
 import { Effect, type Layer, ManagedRuntime } from "effect"
+import { SqlClient } from "effect/sql"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"

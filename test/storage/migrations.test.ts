@@ -2,8 +2,8 @@
  * Replicas starting together on an empty PostgreSQL database (issue #8, finding 12): migrations serialize on an
  * advisory lock, so every replica boots and each migration is applied exactly once.
  */
-import { SqlClient } from "@effect/sql"
 import { Effect, Exit, type Layer, ManagedRuntime, Redacted } from "effect"
+import { SqlClient } from "effect/sql"
 import pg from "pg"
 import { afterEach, describe, expect, it } from "vitest"
 import * as Sql from "../../src/store/Sql.js"

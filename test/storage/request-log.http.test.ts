@@ -4,8 +4,8 @@
  * log. After a flush every valid request has its row, the hostile ones are stored cleaned (or dropped and
  * counted), and a later request is recorded too.
  */
-import { SqlClient } from "@effect/sql"
 import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
 import * as Crypto from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"

@@ -4,8 +4,8 @@
  * the bad rows are dropped (counted, logged once per batch); an unreachable database keeps the rows for later;
  * queued rows are written on shutdown.
  */
-import { SqlClient } from "@effect/sql"
 import { Effect, Layer, Logger, ManagedRuntime, Redacted } from "effect"
+import { SqlClient } from "effect/sql"
 import * as Net from "node:net"
 import pg from "pg"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -87,9 +87,9 @@ for (const backend of backends(postgres)) {
     let runtime: ManagedRuntime.ManagedRuntime<R, unknown>
     let close: () => Promise<void>
     const logs: Array<string> = []
-    const capture = Logger.replace(Logger.defaultLogger, Logger.make(({ message }) => {
+    const capture = Logger.layer([Logger.make(({ message }) => {
       logs.push((Array.isArray(message) ? message : [message]).map(String).join(" "))
-    }))
+    })])
     const run = <A>(effect: Effect.Effect<A, unknown, R>) => runtime.runPromise(effect.pipe(Effect.provide(capture)))
     const log = RequestLog.RequestLog
     const ids = (n: number) => run(Effect.flatMap(log, (l) => Effect.all(Array.from({ length: n }, () => l.nextId))))
@@ -318,9 +318,9 @@ describe("queued rows are written on shutdown", () => {
       const opened = await backend.open(quiet())
       try {
         const store = ManagedRuntime.make(opened.layer)
-        const context = await store.runtime()
+        const context = await store.context()
         const writer = ManagedRuntime.make(
-          RequestLog.layer.pipe(Layer.provide(Layer.succeedContext(context.context)))
+          RequestLog.layer.pipe(Layer.provide(Layer.succeedContext(context)))
         )
         const ids = await writer.runPromise(Effect.flatMap(RequestLog.RequestLog, (l) =>
           Effect.all(Array.from({ length: 7 }, () => l.nextId)).pipe(

@@ -4,14 +4,15 @@
  * every 8 s while idle, and a failure then cuts it. Driven by TestClock only.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Duration, Effect, Exit, Fiber, Option, Scope, TestClock } from "effect"
+import { Cause, Duration, Effect, Exit, Fiber, Scope } from "effect"
+import { TestClock } from "effect/testing"
 import type { Readable } from "node:stream"
 import { PING_FRAME, PING_INTERVAL, sseBody, streamTiming } from "../../src/inference/SseBody.js"
 import { type UpstreamCall, UpstreamError, type UpstreamEvent, type UpstreamSink } from "../../src/upstream/Upstream.js"
 
 const advance = (ms: number) =>
-  TestClock.adjust(Duration.millis(ms)).pipe(Effect.zipRight(Effect.yieldNow()), Effect.zipRight(Effect.yieldNow()))
-const settle = Effect.yieldNow().pipe(Effect.repeatN(3))
+  TestClock.adjust(Duration.millis(ms)).pipe(Effect.andThen(Effect.yieldNow), Effect.andThen(Effect.yieldNow))
+const settle = Effect.yieldNow.pipe(Effect.repeat({ times: 3 }))
 const nextMacrotask = Effect.promise(() => new Promise<void>((r) => setImmediate(r)))
 
 const drain = (body: Readable): string => {
@@ -33,7 +34,7 @@ const slowCall = () => {
     aborted: 0
   }
   const open = (sink: UpstreamSink) =>
-    Effect.async<UpstreamCall, UpstreamError>((resume) => {
+    Effect.callback<UpstreamCall, UpstreamError>((resume) => {
       state.sink = sink
       state.resume = resume
       return Effect.sync(() => void state.interrupted++)
@@ -63,18 +64,18 @@ const handlers = (log: Array<string>) => ({
 const HEAD = "data: head\n\n"
 
 /** Starts `sseBody` in a fiber (it resolves only once the first event came or the wait ran out). */
-const start = (call: ReturnType<typeof slowCall>, log: Array<string>, wait?: Duration.DurationInput) =>
+const start = (call: ReturnType<typeof slowCall>, log: Array<string>, wait?: Duration.Input) =>
   Effect.gen(function*() {
-    const runtime = yield* Effect.runtime<never>()
+    const context = yield* Effect.context<never>()
     const scope = yield* Scope.make()
-    const fiber = yield* Effect.fork(sseBody(runtime, scope, call.open, HEAD, handlers(log), wait))
+    const fiber = yield* Effect.forkChild(sseBody(context, scope, call.open, HEAD, handlers(log), wait))
     yield* settle
     return { scope, fiber }
   })
 
 describe("stream first-event wait", () => {
   it("waits 8 s by default, the ping interval", () => {
-    expect(Duration.toMillis(Duration.decode(streamTiming.firstEventWait))).toBe(8_000)
+    expect(Duration.toMillis(Duration.fromInputUnsafe(streamTiming.firstEventWait))).toBe(8_000)
     expect(Duration.toMillis(PING_INTERVAL)).toBe(8_000)
   })
 
@@ -84,7 +85,7 @@ describe("stream first-event wait", () => {
       const log: Array<string> = []
       const { fiber, scope } = yield* start(call, log)
       yield* advance(7_000)
-      expect(Option.isNone(yield* Fiber.poll(fiber))).toBe(true)
+      expect(fiber.pollUnsafe()).toBeUndefined()
       call.succeed([content("a")])
       const body = yield* Fiber.join(fiber)
       expect(drain(body)).toBe(`${HEAD}data: a\n\n`)
@@ -104,7 +105,8 @@ describe("stream first-event wait", () => {
       const exit = yield* Fiber.await(fiber)
       expect(Exit.isFailure(exit)).toBe(true)
       if (Exit.isFailure(exit)) {
-        const error = exit.cause._tag === "Fail" ? exit.cause.error : null
+        const reasons = exit.cause.reasons
+        const error = reasons.length === 1 && Cause.isFailReason(reasons[0]!) ? reasons[0].error : null
         expect(error).toMatchObject({ kind: "status", status: 400 })
       }
       expect(log).toEqual([])
@@ -117,7 +119,7 @@ describe("stream first-event wait", () => {
       const log: Array<string> = []
       const { fiber, scope } = yield* start(call, log)
       yield* advance(7_999)
-      expect(Option.isNone(yield* Fiber.poll(fiber))).toBe(true)
+      expect(fiber.pollUnsafe()).toBeUndefined()
       yield* advance(1)
       const body = yield* Fiber.join(fiber)
       expect(drain(body)).toBe(PING_FRAME)
@@ -222,7 +224,7 @@ describe("stream first-event wait", () => {
       const log: Array<string> = []
       const { fiber, scope } = yield* start(call, log, Duration.millis(250))
       yield* advance(249)
-      expect(Option.isNone(yield* Fiber.poll(fiber))).toBe(true)
+      expect(fiber.pollUnsafe()).toBeUndefined()
       yield* advance(1)
       const body = yield* Fiber.join(fiber)
       expect(drain(body)).toBe(PING_FRAME)

@@ -28,7 +28,7 @@ export interface GatewayOptions {
   readonly admission?: AppOptions["admission"]
 }
 
-type AppServices = Layer.Layer.Success<ReturnType<typeof appLayer>>
+type AppServices = Layer.Success<ReturnType<typeof appLayer>>
 
 export interface TestGateway {
   readonly url: string

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Fiber, Stream, TestClock } from "effect"
+import { Effect, Fiber, Stream } from "effect"
+import { TestClock } from "effect/testing"
 import {
   countTokens,
   EMBEDDING_DIMENSIONS,
@@ -179,7 +180,7 @@ describe("simulated engine", () => {
   it.effect("emits everything at once without latency settings", () =>
     Effect.gen(function*() {
       const events = yield* Stream.runCollect(simulateChat(ask("hello"), { first_token_ms: 0, tokens_per_second: 0 }))
-      expect(Chunk.toReadonlyArray(events)).toEqual(planChat(ask("hello")).events)
+      expect(events).toEqual(planChat(ask("hello")).events)
     }))
 
   it.effect("paces events on the Clock: first token delay, then tokens per second", () =>
@@ -189,7 +190,7 @@ describe("simulated engine", () => {
       const seen: Array<UpstreamEvent> = []
       const fiber = yield* simulateChat(request, { first_token_ms: 100, tokens_per_second: 10 }).pipe(
         Stream.runForEach((e) => Effect.sync(() => seen.push(e))),
-        Effect.fork
+        Effect.forkChild
       )
       yield* TestClock.adjust("99 millis")
       expect(seen).toHaveLength(0)
@@ -203,7 +204,7 @@ describe("simulated engine", () => {
       const outputTokens = plan.costs.slice(1).reduce((a, b) => a + b, 0)
       const total = 100 + outputTokens * 100
       yield* TestClock.setTime(total - 1)
-      expect(fiber.unsafePoll()).toBeNull()
+      expect(fiber.pollUnsafe()).toBeUndefined()
       expect(seen.length).toBeLessThan(plan.events.length)
       yield* TestClock.setTime(total)
       yield* Fiber.join(fiber)
@@ -224,7 +225,7 @@ describe("simulated engine", () => {
     Effect.gen(function*() {
       const adapter = makeSimulatedAdapter({ kind: "simulated", first_token_ms: 0, tokens_per_second: 0 })
       const events = yield* Stream.runCollect(adapter.chat(ask("hi there")))
-      expect(Chunk.toReadonlyArray(events)).toEqual(planChat(ask("hi there")).events)
+      expect(events).toEqual(planChat(ask("hi there")).events)
       const result = yield* adapter.embed("sim-embed", ["abcdefgh ij", "x"])
       expect(result.prompt_tokens).toBe(4)
       expect(result.vectors).toEqual([embedText("abcdefgh ij"), embedText("x")])

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Deferred, Effect, Fiber, Logger, Stream, TestClock } from "effect"
+import { Deferred, Effect, Fiber, Logger, Stream } from "effect"
+import { TestClock } from "effect/testing"
 import * as Net from "node:net"
 import {
   encodeChatRequest,
@@ -38,8 +39,8 @@ const ask = (extra: Partial<UpstreamRequest> = {}): UpstreamRequest => ({
   ...extra
 })
 
-const collect = <E>(stream: Stream.Stream<UpstreamEvent, E>) =>
-  Effect.map(Stream.runCollect(stream), Chunk.toReadonlyArray)
+const collect = <E>(stream: Stream.Stream<UpstreamEvent, E>): Effect.Effect<ReadonlyArray<UpstreamEvent>, E> =>
+  Stream.runCollect(stream)
 
 /** Real-time polling for a condition on the mock (HTTP happens outside the Effect clock). */
 const until = (condition: () => boolean) =>
@@ -61,7 +62,7 @@ const usage = { prompt: 12, completion: 34, reasoning: 5, cached: 6 }
 const normalizedUsage = { prompt_tokens: 12, completion_tokens: 34, reasoning_tokens: 5, cached_tokens: 6 }
 
 describe("openai-compatible adapter: events", () => {
-  it.scopedLive("normalizes reasoning, content, finish and usage from a stream", () =>
+  it.live("normalizes reasoning, content, finish and usage from a stream", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.stream([
@@ -83,7 +84,7 @@ describe("openai-compatible adapter: events", () => {
       ])
     }))
 
-  it.scopedLive("sends only contract fields, stream_options and the bearer key", () =>
+  it.live("sends only contract fields, stream_options and the bearer key", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ apiKey: "sk-upstream-1" })
       const request = {
@@ -131,7 +132,7 @@ describe("openai-compatible adapter: events", () => {
       expect(JSON.parse(encodeChatRequest(ask({ stream: false })))).not.toHaveProperty("stream_options")
     }))
 
-  it.scopedLive("normalizes tool call ids and streams start then argument fragments per index", () =>
+  it.live("normalizes tool call ids and streams start then argument fragments per index", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const kept = "call_0123456789abcdef0123456789abcdef"
@@ -161,7 +162,7 @@ describe("openai-compatible adapter: events", () => {
       ])
     }))
 
-  it.scopedLive("maps finish reasons: length, content_filter -> stop, forced tool call with stop -> tool_calls", () =>
+  it.live("maps finish reasons: length, content_filter -> stop, forced tool call with stop -> tool_calls", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const finishOf = (events: ReadonlyArray<UpstreamEvent>) => events.find((e) => e._tag === "Finish")
@@ -175,7 +176,7 @@ describe("openai-compatible adapter: events", () => {
       expect(finishOf(yield* collect(adapter.chat(ask())))).toEqual({ _tag: "Finish", reason: "tool_calls" })
     }))
 
-  it.scopedLive("reads a non-streaming JSON answer", () =>
+  it.live("reads a non-streaming JSON answer", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.json(Chunks.completion({
@@ -198,7 +199,7 @@ describe("openai-compatible adapter: events", () => {
       ])
     }))
 
-  it.scopedLive("parses SSE split anywhere on the wire, with CRLF, comments and split UTF-8", () =>
+  it.live("parses SSE split anywhere on the wire, with CRLF, comments and split UTF-8", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const frame = `data: ${JSON.stringify(Chunks.content("héllo 👋"))}\r\n\r\n`
@@ -220,7 +221,7 @@ describe("openai-compatible adapter: events", () => {
       ])
     }))
 
-  it.scopedLive("skips an undecodable frame among good ones and logs it", () =>
+  it.live("skips an undecodable frame among good ones and logs it", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const logs: Array<string> = []
@@ -229,7 +230,7 @@ describe("openai-compatible adapter: events", () => {
       })
       mock.script(Behaviour.stream([Chunks.content("a"), "{broken json", Chunks.content("b"), Chunks.finish("stop")]))
       const events = yield* collect(adapter.chat(ask())).pipe(
-        Effect.provide(Logger.replace(Logger.defaultLogger, logger))
+        Effect.provide(Logger.layer([logger]))
       )
       expect(events).toEqual([
         { _tag: "Content", text: "a" },
@@ -239,7 +240,7 @@ describe("openai-compatible adapter: events", () => {
       expect(logs.some((l) => l.includes("undecodable"))).toBe(true)
     }))
 
-  it.scopedLive("keeps pooled connections alive across completed requests", () =>
+  it.live("keeps pooled connections alive across completed requests", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const answer = Behaviour.stream([Chunks.content("x"), Chunks.finish("stop")])
@@ -253,7 +254,7 @@ describe("openai-compatible adapter: events", () => {
       expect(mock.connections().opened).toBeLessThanOrEqual(2)
     }))
 
-  it.scopedLive("delivers a long fast stream to a slow consumer completely and in order", () =>
+  it.live("delivers a long fast stream to a slow consumer completely and in order", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const n = 3_000
@@ -275,7 +276,7 @@ describe("openai-compatible adapter: events", () => {
 describe("openai-compatible adapter: errors", () => {
   const failure = <A>(effect: Effect.Effect<A, UpstreamError>) => Effect.flip(effect)
 
-  it.scopedLive("429 is rate_limited, other non-2xx are status errors with the upstream message", () =>
+  it.live("429 is rate_limited, other non-2xx are status errors with the upstream message", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(
@@ -294,7 +295,7 @@ describe("openai-compatible adapter: errors", () => {
       expect(bad.detail).toContain("plain text problem")
     }))
 
-  it.scopedLive("a refused connection and a socket dropped before headers are connect errors", () =>
+  it.live("a refused connection and a socket dropped before headers are connect errors", () =>
     Effect.gen(function*() {
       const closedPort = yield* Effect.promise(() =>
         new Promise<number>((resolve) => {
@@ -314,7 +315,7 @@ describe("openai-compatible adapter: errors", () => {
       expect((yield* failure(collect(adapter.chat(ask())))).kind).toBe("connect")
     }))
 
-  it.scopedLive("a bad body is a protocol error: broken JSON, stream cut short, socket dropped mid-stream, error frame", () =>
+  it.live("a bad body is a protocol error: broken JSON, stream cut short, socket dropped mid-stream, error frame", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(
@@ -342,7 +343,7 @@ describe("openai-compatible adapter: errors", () => {
 })
 
 describe("openai-compatible adapter: timeouts (real time, small values)", () => {
-  it.scopedLive("first_token_ms: no answer at all", () =>
+  it.live("first_token_ms: no answer at all", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 150, idle_ms: 1_000 } })
       mock.script(Behaviour.hangBeforeHeaders())
@@ -354,7 +355,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
       yield* waitAborts(mock, 1)
     }))
 
-  it.scopedLive("first_token_ms: headers and a role chunk are not a first token", () =>
+  it.live("first_token_ms: headers and a role chunk are not a first token", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 150, idle_ms: 1_000 } })
       mock.script(Behaviour.hangAfter([Chunks.role()]))
@@ -363,7 +364,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
       yield* waitAborts(mock, 1)
     }))
 
-  it.scopedLive("idle_ms: silence after some chunks", () =>
+  it.live("idle_ms: silence after some chunks", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 5_000, idle_ms: 150 } })
       mock.script(Behaviour.hangAfter([Chunks.role(), Chunks.content("a")]))
@@ -375,7 +376,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
       yield* waitAborts(mock, 1)
     }))
 
-  it.scopedLive("idle_ms counts from the last chunk: a slow but steady stream completes", () =>
+  it.live("idle_ms counts from the last chunk: a slow but steady stream completes", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 5_000, idle_ms: 200 } })
       // Six chunks 80 ms apart: longer than idle_ms in total, never idle that long.
@@ -385,7 +386,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
       expect(events.map((e) => e._tag)).toEqual(["Content", "Content", "Content", "Finish"])
     }))
 
-  it.scopedLive("total_ms: a steady stream that takes too long", () =>
+  it.live("total_ms: a steady stream that takes too long", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 5_000, idle_ms: 5_000, total_ms: 300 } })
       mock.script(Behaviour.slow(Array.from({ length: 50 }, () => Chunks.content("x")), 40))
@@ -395,7 +396,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
       yield* waitAborts(mock, 1)
     }))
 
-  it.scopedLive("connect_ms: a TLS handshake that never completes", () =>
+  it.live("connect_ms: a TLS handshake that never completes", () =>
     Effect.gen(function*() {
       const sockets: Array<Net.Socket> = []
       const silent = yield* Effect.acquireRelease(
@@ -417,31 +418,31 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
 })
 
 describe("openai-compatible adapter: timeouts on the TestClock", () => {
-  it.scoped("first_token_ms fires when the clock passes it", () =>
+  it.effect("first_token_ms fires when the clock passes it", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 3_000, idle_ms: 10_000 } })
       mock.script(Behaviour.hangBeforeHeaders())
-      const fiber = yield* Effect.fork(Effect.flip(collect(adapter.chat(ask()))))
+      const fiber = yield* Effect.forkChild(Effect.flip(collect(adapter.chat(ask()))))
       yield* until(() => mock.requests.length === 1)
       yield* TestClock.adjust("2999 millis")
-      expect(fiber.unsafePoll()).toBeNull()
+      expect(fiber.pollUnsafe()).toBeUndefined()
       yield* TestClock.adjust("1 millis")
       const error = yield* Fiber.join(fiber)
       expect(error.kind).toBe("timeout")
       expect(error.detail).toBe("no first token within 3000 ms")
     }))
 
-  it.scoped("idle_ms fires after the last chunk when the clock passes it", () =>
+  it.effect("idle_ms fires after the last chunk when the clock passes it", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 60_000, idle_ms: 5_000 } })
       mock.script(Behaviour.hangAfter([Chunks.content("a")]))
       const first = yield* Deferred.make<void>()
-      const fiber = yield* Effect.fork(Effect.flip(collect(adapter.chat(ask()).pipe(
+      const fiber = yield* Effect.forkChild(Effect.flip(collect(adapter.chat(ask()).pipe(
         Stream.tap(() => Deferred.succeed(first, undefined))
       ))))
       yield* Deferred.await(first)
       yield* TestClock.adjust("4 seconds")
-      expect(fiber.unsafePoll()).toBeNull()
+      expect(fiber.pollUnsafe()).toBeUndefined()
       yield* TestClock.adjust("2 seconds")
       const error = yield* Fiber.join(fiber)
       expect(error.kind).toBe("timeout")
@@ -450,7 +451,7 @@ describe("openai-compatible adapter: timeouts on the TestClock", () => {
 })
 
 describe("openai-compatible adapter: interruption", () => {
-  it.scopedLive("ending the stream early aborts the upstream request", () =>
+  it.live("ending the stream early aborts the upstream request", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.hangAfter([Chunks.content("a"), Chunks.content("b")]))
@@ -460,18 +461,18 @@ describe("openai-compatible adapter: interruption", () => {
       yield* until(() => mock.connections().closed === 1)
     }))
 
-  it.scopedLive("interrupting the consuming fiber aborts the upstream request, before or after headers", () =>
+  it.live("interrupting the consuming fiber aborts the upstream request, before or after headers", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.hangAfter([Chunks.role()]), Behaviour.hangBeforeHeaders())
-      const streaming = yield* Effect.fork(collect(adapter.chat(ask())))
+      const streaming = yield* Effect.forkChild(collect(adapter.chat(ask())))
       yield* until(() => mock.requests.length === 1)
       yield* Effect.sleep("20 millis")
       expect(mock.clientAborts()).toBe(0)
       yield* Fiber.interrupt(streaming)
       yield* waitAborts(mock, 1)
 
-      const waiting = yield* Effect.fork(collect(adapter.chat(ask())))
+      const waiting = yield* Effect.forkChild(collect(adapter.chat(ask())))
       yield* until(() => mock.requests.length === 2)
       yield* Fiber.interrupt(waiting)
       yield* waitAborts(mock, 2)
@@ -479,7 +480,7 @@ describe("openai-compatible adapter: interruption", () => {
 })
 
 describe("openai-compatible adapter: embeddings", () => {
-  it.scopedLive("posts to /embeddings and orders vectors by index, decoding base64 too", () =>
+  it.live("posts to /embeddings and orders vectors by index, decoding base64 too", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ apiKey: "k" })
       const second = Buffer.from(new Float32Array([0.5, -0.25]).buffer).toString("base64")
@@ -497,7 +498,7 @@ describe("openai-compatible adapter: embeddings", () => {
       expect(mock.requests[0]!.headers.authorization).toBe("Bearer k")
     }))
 
-  it.scopedLive("maps embedding failures", () =>
+  it.live("maps embedding failures", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { total_ms: 200 } })
       mock.script(

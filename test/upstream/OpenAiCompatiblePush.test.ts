@@ -3,7 +3,8 @@
  * whole answer) and `open` (push-based, sink callbacks, back-pressure).
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Logger, TestClock } from "effect"
+import { Effect, Exit, Fiber, Logger } from "effect"
+import { TestClock } from "effect/testing"
 import * as Http from "node:http"
 import * as Net from "node:net"
 import {
@@ -138,7 +139,7 @@ const normalizedUsage = { prompt_tokens: 12, completion_tokens: 34, reasoning_to
 // ---------------------------------------------------------------------------------------------
 
 describe("openai-compatible adapter: complete", () => {
-  it.scopedLive("normalizes a JSON answer: reasoning, content, tool calls with normalized ids, finish, usage", () =>
+  it.live("normalizes a JSON answer: reasoning, content, tool calls with normalized ids, finish, usage", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.json(Chunks.completion({
@@ -169,7 +170,7 @@ describe("openai-compatible adapter: complete", () => {
       ])
     }))
 
-  it.scopedLive("collects a streamed answer when the request asks for one", () =>
+  it.live("collects a streamed answer when the request asks for one", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.slow([
@@ -191,7 +192,7 @@ describe("openai-compatible adapter: complete", () => {
       ])
     }))
 
-  it.scopedLive("logs skipped undecodable frames", () =>
+  it.live("logs skipped undecodable frames", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const logs: Array<string> = []
@@ -199,12 +200,12 @@ describe("openai-compatible adapter: complete", () => {
         logs.push(Array.isArray(message) ? message.join(" ") : String(message))
       })
       mock.script(Behaviour.stream([Chunks.content("a"), "{broken json", Chunks.finish("stop")]))
-      const events = yield* adapter.complete(ask()).pipe(Effect.provide(Logger.replace(Logger.defaultLogger, logger)))
+      const events = yield* adapter.complete(ask()).pipe(Effect.provide(Logger.layer([logger])))
       expect(events.map((e) => e._tag)).toEqual(["Content", "Finish"])
       expect(logs.some((l) => l.includes("undecodable"))).toBe(true)
     }))
 
-  it.scopedLive("maps status answers: 429 rate_limited, other non-2xx status with the upstream message", () =>
+  it.live("maps status answers: 429 rate_limited, other non-2xx status with the upstream message", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(
@@ -224,7 +225,7 @@ describe("openai-compatible adapter: complete", () => {
       expect(bad.detail).toContain("plain text problem")
     }))
 
-  it.scopedLive("connection failures: refused and dropped before headers are connect errors", () =>
+  it.live("connection failures: refused and dropped before headers are connect errors", () =>
     Effect.gen(function*() {
       const refused = yield* openAiCompatibleAdapter(providerFor(`http://127.0.0.1:${yield* closedPort}/v1`))
       const error = yield* Effect.flip(refused.complete(ask({ stream: false })))
@@ -236,7 +237,7 @@ describe("openai-compatible adapter: complete", () => {
       expect((yield* Effect.flip(adapter.complete(ask({ stream: false })))).kind).toBe("connect")
     }))
 
-  it.scopedLive("bad bodies are protocol errors: not JSON, no message, error, dropped mid-body, cut stream", () =>
+  it.live("bad bodies are protocol errors: not JSON, no message, error, dropped mid-body, cut stream", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(
@@ -270,7 +271,7 @@ describe("openai-compatible adapter: complete", () => {
       })
     }))
 
-  it.scopedLive("first_token_ms runs until the headers of a non-streamed answer", () =>
+  it.live("first_token_ms runs until the headers of a non-streamed answer", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 150, idle_ms: 1_000 } })
       mock.script(
@@ -293,7 +294,7 @@ describe("openai-compatible adapter: complete", () => {
       ])
     }))
 
-  it.scopedLive("idle_ms and total_ms", () =>
+  it.live("idle_ms and total_ms", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { idle_ms: 150, total_ms: 400 } })
       const json = { then: "hang", done: false, contentType: "application/json" } as const
@@ -309,7 +310,7 @@ describe("openai-compatible adapter: complete", () => {
       yield* waitAborts(mock, 2)
     }))
 
-  it.scopedLive("connect_ms: a TLS handshake that never completes", () =>
+  it.live("connect_ms: a TLS handshake that never completes", () =>
     Effect.gen(function*() {
       const { server } = yield* silentServer
       const port = (server.address() as Net.AddressInfo).port
@@ -319,29 +320,29 @@ describe("openai-compatible adapter: complete", () => {
       expect(error.detail).toContain("connect timed out after 150 ms")
     }))
 
-  it.scoped("first_token_ms on the TestClock", () =>
+  it.effect("first_token_ms on the TestClock", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 3_000, idle_ms: 10_000 } })
       mock.script(Behaviour.hangBeforeHeaders())
-      const fiber = yield* Effect.fork(Effect.flip(adapter.complete(ask({ stream: false }))))
+      const fiber = yield* Effect.forkChild(Effect.flip(adapter.complete(ask({ stream: false }))))
       yield* until(() => mock.requests.length === 1)
       yield* TestClock.adjust("2999 millis")
-      expect(fiber.unsafePoll()).toBeNull()
+      expect(fiber.pollUnsafe()).toBeUndefined()
       yield* TestClock.adjust("1 millis")
       expect(yield* Fiber.join(fiber)).toMatchObject({ kind: "timeout", detail: "no first token within 3000 ms" })
     }))
 
-  it.scopedLive("interruption aborts the upstream request", () =>
+  it.live("interruption aborts the upstream request", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.hangBeforeHeaders())
-      const fiber = yield* Effect.fork(adapter.complete(ask({ stream: false })))
+      const fiber = yield* Effect.forkChild(adapter.complete(ask({ stream: false })))
       yield* until(() => mock.requests.length === 1)
       yield* Fiber.interrupt(fiber)
       yield* waitAborts(mock, 1)
     }))
 
-  it.scopedLive("keeps pooled connections alive", () =>
+  it.live("keeps pooled connections alive", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.json(Chunks.completion({ content: "x" })))
@@ -355,7 +356,7 @@ describe("openai-compatible adapter: complete", () => {
 // ---------------------------------------------------------------------------------------------
 
 describe("openai-compatible adapter: open", () => {
-  it.scopedLive("delivers normalized events in order: first, then the sink after resume(), then onEnd", () =>
+  it.live("delivers normalized events in order: first, then the sink after resume(), then onEnd", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.slow([
@@ -400,7 +401,7 @@ describe("openai-compatible adapter: open", () => {
       expect(mock.connections().closed).toBe(0)
     }))
 
-  it.scopedLive("a whole answer in one read: everything in first, onEnd at resume(); a JSON answer too", () =>
+  it.live("a whole answer in one read: everything in first, onEnd at resume(); a JSON answer too", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(
@@ -431,7 +432,7 @@ describe("openai-compatible adapter: open", () => {
       expect(rec2.ends()).toBe(1)
     }))
 
-  it.scopedLive("failures before the first event fail the Effect and never call the sink", () =>
+  it.live("failures before the first event fail the Effect and never call the sink", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 150, idle_ms: 1_000 } })
       mock.script(
@@ -465,7 +466,7 @@ describe("openai-compatible adapter: open", () => {
       expect(rec.callbacks()).toBe(0)
     }))
 
-  it.scopedLive("a drop mid-stream: the events before it, then onError once", () =>
+  it.live("a drop mid-stream: the events before it, then onError once", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.dropAfter([Chunks.content("a"), Chunks.content("b"), Chunks.content("c")]))
@@ -486,7 +487,7 @@ describe("openai-compatible adapter: open", () => {
       expect(rec.callbacks()).toBe(rec.batches.length + 1)
     }))
 
-  it.scopedLive("an error frame and a stream cut short go to onError", () =>
+  it.live("an error frame and a stream cut short go to onError", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(
@@ -503,7 +504,7 @@ describe("openai-compatible adapter: open", () => {
       }
     }))
 
-  it.scopedLive("idle_ms: silence after the first events goes to onError and aborts the upstream", () =>
+  it.live("idle_ms: silence after the first events goes to onError and aborts the upstream", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 5_000, idle_ms: 150 } })
       mock.script(Behaviour.hangAfter([Chunks.role(), Chunks.content("a")]))
@@ -520,7 +521,7 @@ describe("openai-compatible adapter: open", () => {
       expect(rec.ends()).toBe(0)
     }))
 
-  it.scopedLive("total_ms: a steady stream that takes too long goes to onError", () =>
+  it.live("total_ms: a steady stream that takes too long goes to onError", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { idle_ms: 5_000, total_ms: 300 } })
       mock.script(Behaviour.slow(Array.from({ length: 50 }, () => Chunks.content("x")), 40))
@@ -534,7 +535,7 @@ describe("openai-compatible adapter: open", () => {
       yield* waitAborts(mock, 1)
     }))
 
-  it.scoped("idle_ms on the TestClock, after open resolved", () =>
+  it.effect("idle_ms on the TestClock, after open resolved", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 60_000, idle_ms: 5_000 } })
       mock.script(Behaviour.hangAfter([Chunks.content("a")]))
@@ -550,21 +551,21 @@ describe("openai-compatible adapter: open", () => {
       yield* waitAborts(mock, 1)
     }))
 
-  it.scoped("first_token_ms on the TestClock fails the Effect", () =>
+  it.effect("first_token_ms on the TestClock fails the Effect", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 3_000, idle_ms: 10_000 } })
       mock.script(Behaviour.hangAfter([Chunks.role()]))
       const rec = recorder()
-      const fiber = yield* Effect.fork(Effect.flip(adapter.open(ask(), rec.sink)))
+      const fiber = yield* Effect.forkChild(Effect.flip(adapter.open(ask(), rec.sink)))
       yield* until(() => mock.requests.length === 1)
       yield* TestClock.adjust("2999 millis")
-      expect(fiber.unsafePoll()).toBeNull()
+      expect(fiber.pollUnsafe()).toBeUndefined()
       yield* TestClock.adjust("1 millis")
       expect(yield* Fiber.join(fiber)).toMatchObject({ kind: "timeout", detail: "no first token within 3000 ms" })
       expect(rec.callbacks()).toBe(0)
     }))
 
-  it.scopedLive("abort() closes the upstream socket and stops every callback; it is idempotent", () =>
+  it.live("abort() closes the upstream socket and stops every callback; it is idempotent", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.slow(Array.from({ length: 100 }, (_, i) => Chunks.content(`${i},`)), 10))
@@ -584,7 +585,7 @@ describe("openai-compatible adapter: open", () => {
       expect(rec.errors).toEqual([])
     }))
 
-  it.scopedLive("abort() from inside onEvents stops the batch loop at once", () =>
+  it.live("abort() from inside onEvents stops the batch loop at once", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const numbers = Array.from({ length: 20 }, (_, i) => Chunks.content(`${i}`))
@@ -604,7 +605,7 @@ describe("openai-compatible adapter: open", () => {
       expect(rec.errors).toEqual([])
     }))
 
-  it.scopedLive("a resume() from inside onEvents cancels that call's false return", () =>
+  it.live("a resume() from inside onEvents cancels that call's false return", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const numbers = Array.from({ length: 10 }, (_, i) => Chunks.content(`${i}`))
@@ -620,7 +621,7 @@ describe("openai-compatible adapter: open", () => {
       expect(rec.ends()).toBe(1)
     }))
 
-  it.scopedLive("a throwing sink aborts the call and the throw is logged", () =>
+  it.live("a throwing sink aborts the call and the throw is logged", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const logs: Array<string> = []
@@ -632,7 +633,7 @@ describe("openai-compatible adapter: open", () => {
         throw new Error("consumer bug")
       })
       const call = yield* adapter.open(ask(), rec.sink).pipe(
-        Effect.provide(Logger.replace(Logger.defaultLogger, logger))
+        Effect.provide(Logger.layer([logger]))
       )
       call.resume()
       yield* waitAborts(mock, 1)
@@ -640,19 +641,20 @@ describe("openai-compatible adapter: open", () => {
       expect(rec.ends() + rec.errors.length).toBe(0)
     }))
 
-  it.scopedLive("interrupting open before it resolves aborts the request, before or after the headers", () =>
+  it.live("interrupting open before it resolves aborts the request, before or after the headers", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.hangBeforeHeaders(), Behaviour.hangAfter([Chunks.role()]))
       const rec = recorder()
-      const waiting = yield* Effect.fork(adapter.open(ask(), rec.sink))
+      const waiting = yield* Effect.forkChild(adapter.open(ask(), rec.sink))
       yield* until(() => mock.requests.length === 1)
       yield* realSleep(20)
       expect(mock.clientAborts()).toBe(0)
-      expect(Exit.isInterrupted(yield* Fiber.interrupt(waiting))).toBe(true)
+      yield* Fiber.interrupt(waiting)
+      expect(Exit.hasInterrupts(yield* Fiber.await(waiting))).toBe(true)
       yield* waitAborts(mock, 1)
 
-      const headers = yield* Effect.fork(adapter.open(ask(), rec.sink))
+      const headers = yield* Effect.forkChild(adapter.open(ask(), rec.sink))
       yield* until(() => mock.requests.length === 2)
       yield* realSleep(20)
       yield* Fiber.interrupt(headers)
@@ -660,7 +662,7 @@ describe("openai-compatible adapter: open", () => {
       expect(rec.callbacks()).toBe(0)
     }))
 
-  it.scopedLive("logs skipped undecodable frames", () =>
+  it.live("logs skipped undecodable frames", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       const logs: Array<string> = []
@@ -670,7 +672,7 @@ describe("openai-compatible adapter: open", () => {
       mock.script(Behaviour.slow(["{broken", Chunks.content("a"), "{broken again", Chunks.finish("stop")], 10))
       const rec = recorder()
       const call = yield* adapter.open(ask(), rec.sink).pipe(
-        Effect.provide(Logger.replace(Logger.defaultLogger, logger))
+        Effect.provide(Logger.layer([logger]))
       )
       yield* drain(call, rec)
       expect(rec.events.map((e) => e._tag)).toEqual(["Content", "Finish"])
@@ -725,7 +727,7 @@ const floodServer = (frames: number, text: string) =>
   )
 
 describe("openai-compatible adapter: open back-pressure", () => {
-  it.scopedLive("onEvents returning false pauses the socket read until resume(); nothing is delivered meanwhile", () =>
+  it.live("onEvents returning false pauses the socket read until resume(); nothing is delivered meanwhile", () =>
     Effect.gen(function*() {
       // About 64 MB: more than the loopback socket buffers on both sides can hold.
       const frames = 16_000
@@ -772,7 +774,7 @@ describe("openai-compatible adapter: open back-pressure", () => {
       expect(rec.events[frames]).toEqual({ _tag: "Finish", reason: "stop" })
     }), { timeout: 30_000 })
 
-  it.scopedLive("a paused consumer is not idle: only total_ms applies, its failure waits for resume()", () =>
+  it.live("a paused consumer is not idle: only total_ms applies, its failure waits for resume()", () =>
     Effect.gen(function*() {
       const flood = yield* floodServer(16_000, "y".repeat(4_000))
       const adapter = yield* openAiCompatibleAdapter(providerFor(flood.url, { idle_ms: 100, total_ms: 600 }))

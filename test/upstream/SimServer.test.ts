@@ -28,7 +28,7 @@ const weatherTool = {
 }
 
 describe("simulated upstream server", () => {
-  it.scopedLive("answers a non-streaming completion with the engine's plan", () =>
+  it.live("answers a non-streaming completion with the engine's plan", () =>
     Effect.gen(function*() {
       const client = clientFor(yield* simServer())
       const completion = yield* Effect.promise(() =>
@@ -51,7 +51,7 @@ describe("simulated upstream server", () => {
       })
     }))
 
-  it.scopedLive("streams role first, content deltas, finish, a usage chunk and [DONE]", () =>
+  it.live("streams role first, content deltas, finish, a usage chunk and [DONE]", () =>
     Effect.gen(function*() {
       const server = yield* simServer()
       const client = clientFor(server)
@@ -92,7 +92,7 @@ describe("simulated upstream server", () => {
       expect(raw).not.toContain("\"usage\"")
     }))
 
-  it.scopedLive("streams reasoning_content before content", () =>
+  it.live("streams reasoning_content before content", () =>
     Effect.gen(function*() {
       const client = clientFor(yield* simServer())
       const deltas = yield* Effect.promise(async () => {
@@ -112,7 +112,7 @@ describe("simulated upstream server", () => {
       expect(Math.max(...reasoning)).toBeLessThan(firstContent)
     }))
 
-  it.scopedLive("streams tool calls in OpenAI delta format and answers them without streaming too", () =>
+  it.live("streams tool calls in OpenAI delta format and answers them without streaming too", () =>
     Effect.gen(function*() {
       const client = clientFor(yield* simServer())
       const request = {
@@ -141,7 +141,7 @@ describe("simulated upstream server", () => {
       expect(completion.choices[0]!.finish_reason).toBe("tool_calls")
     }))
 
-  it.scopedLive("embeds with 1024 dimensions, as base64 (SDK default) and as floats", () =>
+  it.live("embeds with 1024 dimensions, as base64 (SDK default) and as floats", () =>
     Effect.gen(function*() {
       const server = yield* simServer()
       const client = clientFor(server)
@@ -156,7 +156,7 @@ describe("simulated upstream server", () => {
       expect(floats.data[0]!.embedding).toEqual(embedText("one"))
     }))
 
-  it.scopedLive("lists models and rejects bad requests", () =>
+  it.live("lists models and rejects bad requests", () =>
     Effect.gen(function*() {
       const server = yield* simServer()
       const models = yield* Effect.promise(() => clientFor(server).models.list())
@@ -170,7 +170,7 @@ describe("simulated upstream server", () => {
       expect(yield* Effect.promise(() => fetch(`${server.url}/v1/nothing`).then((r) => r.status))).toBe(404)
     }))
 
-  it.scopedLive("paces the answer with first_token_ms and tokens_per_second", () =>
+  it.live("paces the answer with first_token_ms and tokens_per_second", () =>
     Effect.gen(function*() {
       const server = yield* simServer({ first_token_ms: 60, tokens_per_second: 1000 })
       const body = { model: "m", stream: true, max_tokens: 40, messages: [{ role: "user", content: question }] }
@@ -194,7 +194,7 @@ describe("simulated upstream server", () => {
 
   it.live("runs as a script and prints its address", () =>
     Effect.gen(function*() {
-      const line = yield* Effect.async<string, Error>((resume) => {
+      const line = yield* Effect.callback<string, Error>((resume) => {
         const child = spawn(process.execPath, ["--import", "tsx", "src/upstream/simulated/server.ts", "--port", "0"], {
           cwd: process.cwd(),
           stdio: ["ignore", "pipe", "inherit"]

@@ -3,7 +3,8 @@
  * OpenAI-compatible adapter against the HTTP sim server: both give the engine's plan.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Fiber, TestClock } from "effect"
+import { Effect, Fiber } from "effect"
+import { TestClock } from "effect/testing"
 import { openAiCompatibleAdapter } from "../../src/upstream/openai-compatible/Adapter.js"
 import { makeSimulatedAdapter, planChat } from "../../src/upstream/simulated/Engine.js"
 import { startSimServer } from "../../src/upstream/simulated/server.js"
@@ -83,9 +84,9 @@ describe("simulated adapter: complete and open", () => {
       const request = ask("Tell me about rivers in spring")
       const plan = planChat(request)
       const total = 100 + plan.costs.slice(1).reduce((a, b) => a + b, 0) * 100
-      const fiber = yield* Effect.fork(adapter.complete(request))
+      const fiber = yield* Effect.forkChild(adapter.complete(request))
       yield* TestClock.adjust(`${total - 1} millis`)
-      expect(fiber.unsafePoll()).toBeNull()
+      expect(fiber.pollUnsafe()).toBeUndefined()
       yield* TestClock.adjust("1 millis")
       expect(yield* Fiber.join(fiber)).toEqual(plan.events)
     }))
@@ -112,9 +113,9 @@ describe("simulated adapter: complete and open", () => {
       const plan = planChat(request)
       let pause = false
       const rec = recorder(() => !pause)
-      const opening = yield* Effect.fork(adapter.open(request, rec.sink))
+      const opening = yield* Effect.forkChild(adapter.open(request, rec.sink))
       yield* TestClock.adjust("99 millis")
-      expect(opening.unsafePoll()).toBeNull()
+      expect(opening.pollUnsafe()).toBeUndefined()
       yield* TestClock.adjust("1 millis")
       const call = yield* Fiber.join(opening)
       expect(call.first).toEqual([plan.events[0]])
@@ -146,13 +147,13 @@ describe("simulated adapter: complete and open", () => {
       const adapter = makeSimulatedAdapter({ kind: "simulated", first_token_ms: 100, tokens_per_second: 10 })
       const request = ask("Tell me about rivers in spring")
       const rec = recorder()
-      const opening = yield* Effect.fork(adapter.open(request, rec.sink))
+      const opening = yield* Effect.forkChild(adapter.open(request, rec.sink))
       yield* TestClock.adjust("50 millis")
       yield* Fiber.interrupt(opening)
       yield* TestClock.adjust("10 seconds")
       expect(rec.batches).toEqual([])
 
-      const call = yield* Effect.fork(adapter.open(request, rec.sink)).pipe(
+      const call = yield* Effect.forkChild(adapter.open(request, rec.sink)).pipe(
         Effect.tap(() => TestClock.adjust("100 millis")),
         Effect.flatMap(Fiber.join)
       )
@@ -201,7 +202,7 @@ describe("openai-compatible adapter against the sim server", () => {
     ask("count to ten", { max_tokens: 7 })
   ]
 
-  it.scopedLive("open yields exactly the plan's events, complete the same answer merged", () =>
+  it.live("open yields exactly the plan's events, complete the same answer merged", () =>
     Effect.gen(function*() {
       const adapter = yield* adapterFor((yield* simServer).url)
       for (const request of requests) {
@@ -222,7 +223,7 @@ describe("openai-compatible adapter against the sim server", () => {
       }
     }))
 
-  it.scopedLive("open over a paced sim server delivers in several batches", () =>
+  it.live("open over a paced sim server delivers in several batches", () =>
     Effect.gen(function*() {
       const server = yield* Effect.acquireRelease(
         Effect.promise(() => startSimServer({ port: 0, first_token_ms: 10, tokens_per_second: 400 })),

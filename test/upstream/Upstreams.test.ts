@@ -1,5 +1,5 @@
 import { describe, expect, it } from "@effect/vitest"
-import { Chunk, Effect, Exit, Ref, Scope, Stream } from "effect"
+import { Effect, Exit, Ref, Scope, Stream } from "effect"
 import type { Provider } from "../../src/config/GatewayConfig.js"
 import { layerStatic, makeUpstreams } from "../../src/upstream/Upstreams.js"
 import { planChat } from "../../src/upstream/simulated/Engine.js"
@@ -27,7 +27,7 @@ describe("Upstreams", () => {
       const upstreams = yield* Upstreams
       const adapter = yield* upstreams.get("sim")
       const events = yield* Stream.runCollect(adapter.chat(ask))
-      expect(Chunk.toReadonlyArray(events)).toEqual(planChat(ask).events)
+      expect(events).toEqual(planChat(ask).events)
       expect(yield* upstreams.get("sim")).toBe(adapter)
       const error = yield* Effect.flip(upstreams.get("nope"))
       expect(error).toMatchObject({ _tag: "UpstreamError", kind: "connect" })
@@ -35,7 +35,7 @@ describe("Upstreams", () => {
       expect((yield* Effect.flip(upstreams.get("toString"))).kind).toBe("connect")
     }).pipe(Effect.provide(layerStatic({ sim }))))
 
-  it.scopedLive("rebuilds an adapter when its provider config changes and closes the old pool", () =>
+  it.live("rebuilds an adapter when its provider config changes and closes the old pool", () =>
     Effect.gen(function*() {
       const mock = yield* mockUpstream
       mock.script(Behaviour.stream([Chunks.content("up"), Chunks.finish("stop")]))
@@ -50,7 +50,7 @@ describe("Upstreams", () => {
       const second = yield* upstreams.get("up")
       expect(second).not.toBe(first)
       const events = yield* Stream.runCollect(second.chat(ask))
-      expect(Chunk.toReadonlyArray(events)[0]).toEqual({ _tag: "Content", text: "up" })
+      expect(events[0]).toEqual({ _tag: "Content", text: "up" })
       // The old pool is closing: new requests on it are refused.
       yield* Effect.sleep("20 millis")
       const old = yield* Effect.flip(Stream.runCollect(first.chat(ask)))
@@ -58,7 +58,7 @@ describe("Upstreams", () => {
       expect(mock.requests).toHaveLength(1)
     }))
 
-  it.scopedLive("reads the API key from the provider's environment variable", () =>
+  it.live("reads the API key from the provider's environment variable", () =>
     Effect.gen(function*() {
       const mock = yield* mockUpstream
       mock.script(Behaviour.stream([Chunks.content("x"), Chunks.finish("stop")]))
@@ -73,7 +73,7 @@ describe("Upstreams", () => {
     Effect.gen(function*() {
       const mock = yield* Effect.promise(() => startMockUpstream())
       const scope = yield* Scope.make()
-      const upstreams = yield* makeUpstreams(Effect.succeed({ up: openAi(mock.url) })).pipe(Scope.extend(scope))
+      const upstreams = yield* makeUpstreams(Effect.succeed({ up: openAi(mock.url) })).pipe(Scope.provide(scope))
       const adapter = yield* upstreams.get("up")
       yield* Stream.runCollect(adapter.chat(ask))
       expect(mock.connections()).toMatchObject({ opened: 1, closed: 0 })

@@ -1,5 +1,5 @@
-import { SqlClient } from "@effect/sql"
 import { Effect } from "effect"
+import { SqlClient } from "effect/sql"
 
 /** Account API: today's leaderboard scans every account's rows since 00:00 UTC (09:00 KST). */
 export default Effect.gen(function*() {

@@ -5,7 +5,7 @@
  * `simulateComplete` and `simulateOpen` are the adapter's Stream-free `complete` and `open`.
  */
 import { createHash } from "node:crypto"
-import { Cause, Chunk, Clock, Context, DefaultServices, Effect, type Fiber, FiberId, Option, Stream } from "effect"
+import { Cause, Clock, Context, Effect, type Fiber, Option, Stream } from "effect"
 import type { SimulatedProvider } from "../../config/GatewayConfig.js"
 import { DetachedLog } from "../DetachedLog.js"
 import type {
@@ -447,20 +447,18 @@ export const simulateChat = (request: UpstreamRequest, timing: SimulatedTiming):
     const due = schedule(plan, timing)
     const events = plan.events
     return Stream.unwrap(Effect.map(Clock.currentTimeMillis, (start) => {
-      const take = (from: number, now: number) => {
+      const take = (from: number, now: number): readonly [ReadonlyArray<UpstreamEvent>, Option.Option<number>] => {
         let to = from + 1
         while (to < events.length && start + due[to]! <= now) to++
-        return Option.some([Chunk.unsafeFromArray(events.slice(from, to)), to] as const)
+        return [events.slice(from, to), to < events.length ? Option.some(to) : Option.none()] as const
       }
-      return Stream.unfoldChunkEffect(0, (from: number) =>
-        from >= events.length
-          ? Effect.succeed(Option.none())
-          : Effect.flatMap(Clock.currentTimeMillis, (now) => {
-            const wait = start + due[from]! - now
-            return wait > 0
-              ? Effect.map(Effect.zipRight(Effect.sleep(wait), Clock.currentTimeMillis), (later) => take(from, later))
-              : Effect.succeed(take(from, now))
-          }))
+      return Stream.paginate(0, (from: number) =>
+        Effect.flatMap(Clock.currentTimeMillis, (now) => {
+          const wait = start + due[from]! - now
+          return wait > 0
+            ? Effect.map(Effect.andThen(Effect.sleep(wait), Clock.currentTimeMillis), (later) => take(from, later))
+            : Effect.succeed(take(from, now))
+        }))
     }))
   })
 
@@ -477,7 +475,8 @@ export const simulateComplete = (
     return last > 0 ? Effect.as(Effect.sleep(last), plan.events) : Effect.succeed(plan.events)
   })
 
-const liveClock = Context.get(DefaultServices.liveServices, Clock.Clock)
+/** The default clock: every fiber without a provided `Clock` (e.g. no `TestClock`) sees this one. */
+const liveClock = Context.get(Context.empty(), Clock.Clock)
 
 /**
  * A push-based simulated call (`UpstreamAdapter.open`), with the same guarantees as the HTTP
@@ -492,7 +491,7 @@ class SimulatedCall implements UpstreamCall {
   private delivering = false
   private resumedInside = false
   private timer: ReturnType<typeof setTimeout> | undefined = undefined
-  private pacer: Fiber.RuntimeFiber<void> | undefined = undefined
+  private pacer: Fiber.Fiber<void> | undefined = undefined
 
   constructor(
     private readonly events: ReadonlyArray<UpstreamEvent>,
@@ -503,7 +502,7 @@ class SimulatedCall implements UpstreamCall {
     private readonly log: DetachedLog
   ) {
     // Resolution happens when the first event is due (a timer may fire a little early).
-    this.next = due === undefined ? events.length : Math.max(1, this.dueBy(0, clock.unsafeCurrentTimeMillis()))
+    this.next = due === undefined ? events.length : Math.max(1, this.dueBy(0, clock.currentTimeMillisUnsafe()))
     this.first = this.next === events.length ? events : events.slice(0, this.next)
   }
 
@@ -523,7 +522,7 @@ class SimulatedCall implements UpstreamCall {
           this.sink.onEnd()
           break
         }
-        const now = this.clock.unsafeCurrentTimeMillis()
+        const now = this.clock.currentTimeMillisUnsafe()
         const to = this.dueBy(this.next, now)
         if (to === this.next) {
           this.wake(this.due![to]! - now)
@@ -555,8 +554,8 @@ class SimulatedCall implements UpstreamCall {
       this.timer = setTimeout(this.tick, wait)
       return
     }
-    const sleep = Effect.zipRight(Effect.sleep(wait), Effect.sync(this.tick))
-    this.pacer = Effect.runFork(Effect.withClock(sleep, this.clock))
+    const sleep = Effect.andThen(Effect.sleep(wait), Effect.sync(this.tick))
+    this.pacer = Effect.runFork(Effect.provideService(sleep, Clock.Clock, this.clock))
   }
 
   readonly resume = (): void => {
@@ -576,7 +575,7 @@ class SimulatedCall implements UpstreamCall {
     const pacer = this.pacer
     if (pacer !== undefined) {
       this.pacer = undefined
-      pacer.unsafeInterruptAsFork(FiberId.none)
+      pacer.interruptUnsafe()
     }
   }
 }
@@ -587,18 +586,18 @@ export const simulateOpen = (
   timing: SimulatedTiming,
   sink: UpstreamSink
 ): Effect.Effect<UpstreamCall> =>
-  Effect.withFiberRuntime((fiber) => {
+  Effect.withFiber((fiber) => {
     const plan = planChat(request)
-    const clock = Context.get(fiber.currentDefaultServices, Clock.Clock)
+    const clock = fiber.getRef(Clock.Clock)
     if (timing.first_token_ms <= 0 && timing.tokens_per_second <= 0) {
       return Effect.succeed(new SimulatedCall(plan.events, undefined, clock, sink, new DetachedLog(fiber)))
     }
     const due = schedule(plan, timing)
-    const start = clock.unsafeCurrentTimeMillis()
+    const start = clock.currentTimeMillisUnsafe()
     for (let i = 0; i < due.length; i++) due[i] = due[i]! + start
     const make = Effect.sync(() => new SimulatedCall(plan.events, due, clock, sink, new DetachedLog(fiber)))
     const wait = due[0]! - start
-    return wait > 0 ? Effect.zipRight(Effect.sleep(wait), make) : make
+    return wait > 0 ? Effect.andThen(Effect.sleep(wait), make) : make
   })
 
 // ---------------------------------------------------------------------------------------------

@@ -1,0 +1,51 @@
+/**
+ * Young-generation sizing under a heap bound.
+ *
+ * Since V8 13 (Node 24), the young generation is sized from the machine's memory, not from
+ * `--max-old-space-size`: on a 24 GB host each semi-space is 64 MB. Under `--max-old-space-size=160` the heap
+ * limit becomes ~369 MB, and the old generation runs a mark-compact every ~100 ms at ~65 MB used (measured:
+ * 92 mark-compacts in 15 s, 5-10x lower throughput than without the bound). Capping the semi-space restores the
+ * Node 20 behaviour. Flags cannot change after V8 starts, so a bounded process that did not choose a semi-space
+ * size replaces itself once (`process.execve`: same PID, same arguments) with the cap added.
+ */
+
+/** Semi-space cap in MB applied under a heap bound; measured in docs/decisions.md ("Heap bound on Node 24"). */
+export const SEMI_SPACE_MB = 8
+
+const flagsOf = (execArgv: ReadonlyArray<string>, nodeOptions: string | undefined): ReadonlyArray<string> => [
+  ...execArgv,
+  ...(nodeOptions ?? "").split(/\s+/).filter((s) => s.length > 0)
+]
+
+const hasFlag = (flags: ReadonlyArray<string>, name: string): boolean =>
+  flags.some((f) => f === name || f.startsWith(`${name}=`) || f === name.replaceAll("-", "_") ||
+    f.startsWith(`${name.replaceAll("-", "_")}=`))
+
+/**
+ * The node arguments to restart with, or null when the process should run as it is: no heap bound, a semi-space
+ * size chosen by the operator, an opt-out (`WELLSPRING_HEAP_TUNING=0`), or a runtime without `process.execve`.
+ */
+export const boundedRestartArgs = (input: {
+  readonly execArgv: ReadonlyArray<string>
+  readonly nodeOptions: string | undefined
+  readonly optOut: string | undefined
+  readonly canExec: boolean
+}): ReadonlyArray<string> | null => {
+  if (!input.canExec || input.optOut === "0") return null
+  const flags = flagsOf(input.execArgv, input.nodeOptions)
+  if (!hasFlag(flags, "--max-old-space-size")) return null
+  if (hasFlag(flags, "--max-semi-space-size")) return null
+  return [...input.execArgv, `--max-semi-space-size=${SEMI_SPACE_MB}`]
+}
+
+/** Restarts the process in place with a capped young generation when it runs under a heap bound. */
+export const applyHeapBound = (): void => {
+  const args = boundedRestartArgs({
+    execArgv: process.execArgv,
+    nodeOptions: process.env["NODE_OPTIONS"],
+    optOut: process.env["WELLSPRING_HEAP_TUNING"],
+    canExec: typeof process.execve === "function" && process.platform !== "win32"
+  })
+  if (args === null) return
+  process.execve!(process.execPath, [process.execPath, ...args, ...process.argv.slice(1)], process.env)
+}

@@ -1,0 +1,106 @@
+import { Worker } from "node:worker_threads"
+
+/**
+ * The embedded database (PGlite + pglite-socket) runs in a worker thread, so its query execution and file I/O
+ * never run on the event loop that serves requests. The gateway reaches it over the Unix socket exactly as it
+ * reaches a real PostgreSQL server.
+ */
+export interface EmbeddedServer {
+  readonly stop: () => Promise<void>
+}
+
+export interface EmbeddedServerOptions {
+  /** PGlite's data folder. */
+  readonly dir: string
+  /** Unix socket path the server listens on. */
+  readonly socketPath: string
+  readonly postgresqlConf: ReadonlyArray<string>
+  readonly maxConnections: number
+}
+
+type FromWorker =
+  | { readonly type: "ready" }
+  | { readonly type: "stopped" }
+  | { readonly type: "failed"; readonly stage: "open" | "listen"; readonly message: string }
+
+/** Module specifiers resolved here, so the worker finds the same installed packages whatever its base URL. */
+const modules = () => ({
+  pglite: import.meta.resolve("@electric-sql/pglite"),
+  socket: import.meta.resolve("@electric-sql/pglite-socket")
+})
+
+// Plain JavaScript loaded as an ES module (a data: URL) in the worker: no loader or build step is involved.
+const WORKER_SOURCE = `
+import { parentPort, workerData } from "node:worker_threads"
+const { PGlite } = await import(workerData.modules.pglite)
+const { PGLiteSocketServer } = await import(workerData.modules.socket)
+let db
+try {
+  db = await PGlite.create(workerData.dir, { postgresqlconf: workerData.postgresqlConf })
+} catch (error) {
+  parentPort.postMessage({ type: "failed", stage: "open", message: String(error && error.message || error) })
+  process.exit(1)
+}
+const server = new PGLiteSocketServer({ db, path: workerData.socketPath, maxConnections: workerData.maxConnections })
+try {
+  await server.start()
+} catch (error) {
+  await db.close().catch(() => {})
+  parentPort.postMessage({ type: "failed", stage: "listen", message: String(error && error.message || error) })
+  process.exit(1)
+}
+parentPort.on("message", async (message) => {
+  if (message !== "stop") return
+  await server.stop().catch(() => {})
+  await db.close().catch(() => {})
+  parentPort.postMessage({ type: "stopped" })
+})
+parentPort.postMessage({ type: "ready" })
+`
+
+export class EmbeddedServerError extends Error {
+  constructor(readonly stage: "open" | "listen" | "exit", message: string) {
+    super(message)
+  }
+}
+
+/** Starts the embedded database server in a worker; resolves once it accepts connections on `socketPath`. */
+export const startEmbeddedServer = (options: EmbeddedServerOptions): Promise<EmbeddedServer> =>
+  new Promise((resolve, reject) => {
+    const worker = new Worker(new URL(`data:text/javascript,${encodeURIComponent(WORKER_SOURCE)}`), {
+      // The worker inherits no loader flags it does not need (tsx's hooks are irrelevant to plain JavaScript).
+      execArgv: [],
+      workerData: {
+        modules: modules(),
+        dir: options.dir,
+        socketPath: options.socketPath,
+        postgresqlConf: [...options.postgresqlConf],
+        maxConnections: options.maxConnections
+      }
+    })
+    let stopped: (() => void) | null = null
+    let ready = false
+    worker.on("message", (message: FromWorker) => {
+      if (message.type === "ready") {
+        ready = true
+        resolve({
+          stop: () =>
+            new Promise<void>((done) => {
+              stopped = done
+              worker.postMessage("stop")
+            }).then(() => worker.terminate()).then(() => undefined)
+        })
+      } else if (message.type === "stopped") {
+        stopped?.()
+      } else if (message.type === "failed") {
+        reject(new EmbeddedServerError(message.stage, message.message))
+      }
+    })
+    worker.on("error", (error) => {
+      if (!ready) reject(new EmbeddedServerError("open", error.message))
+    })
+    worker.on("exit", (code) => {
+      if (!ready) reject(new EmbeddedServerError("exit", `embedded database worker exited with code ${code}`))
+      stopped?.()
+    })
+  })

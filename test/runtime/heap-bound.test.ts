@@ -1,0 +1,56 @@
+import { spawnSync } from "node:child_process"
+import * as Fs from "node:fs"
+import * as Os from "node:os"
+import * as Path from "node:path"
+import { describe, expect, it } from "vitest"
+import { boundedRestartArgs, SEMI_SPACE_MB } from "../../src/runtime/HeapBound.js"
+
+const base = { nodeOptions: undefined, optOut: undefined, canExec: true }
+
+describe("heap bound: young generation capped under --max-old-space-size", () => {
+  it("adds the semi-space cap only when the heap is bounded and the operator chose none", () => {
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160"] }))
+      .toEqual(["--max-old-space-size=160", `--max-semi-space-size=${SEMI_SPACE_MB}`])
+    expect(boundedRestartArgs({ ...base, execArgv: [] })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", "--max-semi-space-size=32"] }))
+      .toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max_old_space_size=160", "--max_semi_space_size=4"] }))
+      .toBeNull()
+    // A bound given through NODE_OPTIONS counts; the restart keeps NODE_OPTIONS in the environment.
+    expect(boundedRestartArgs({ ...base, execArgv: [], nodeOptions: "--max-old-space-size=200" }))
+      .toEqual([`--max-semi-space-size=${SEMI_SPACE_MB}`])
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160"], optOut: "0" })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160"], canExec: false })).toBeNull()
+  })
+
+  it("a bounded process restarts itself in place (same PID) with a heap limit close to its bound", () => {
+    const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "heap-bound-"))
+    const script = Path.join(dir, "probe.mjs")
+    const module = new URL("../../src/runtime/HeapBound.ts", import.meta.url).href
+    Fs.writeFileSync(script, `
+      import v8 from "node:v8"
+      const { applyHeapBound } = await import(${JSON.stringify(module)})
+      console.log(JSON.stringify({ pid: process.pid, args: process.execArgv.filter((a) => a.startsWith("--max")),
+        limitMb: Math.round(v8.getHeapStatistics().heap_size_limit / 1048576) }))
+      applyHeapBound()
+    `)
+    try {
+      const run = spawnSync(process.execPath, ["--max-old-space-size=160", "--import", "tsx", script], {
+        encoding: "utf8",
+        env: { ...process.env, WELLSPRING_HEAP_TUNING: "" }
+      })
+      expect(run.status).toBe(0)
+      const lines = run.stdout.trim().split("\n").map((l) => JSON.parse(l) as { pid: number; args: string[]; limitMb: number })
+      const last = lines.at(-1)!
+      expect(last.args).toEqual(["--max-old-space-size=160", `--max-semi-space-size=${SEMI_SPACE_MB}`])
+      expect(lines.every((l) => l.pid === lines[0]!.pid)).toBe(true)
+      // Old space 160 MB plus a young generation of three capped semi-spaces.
+      expect(last.limitMb).toBeLessThanOrEqual(160 + 3 * SEMI_SPACE_MB + 8)
+      // First run as started, second after the in-place restart.
+      expect(lines).toHaveLength(2)
+      expect(lines[0]!.args).toEqual(["--max-old-space-size=160"])
+    } finally {
+      Fs.rmSync(dir, { recursive: true, force: true })
+    }
+  })
+})
