@@ -70,6 +70,10 @@ export const startEmbeddedServer = (options: EmbeddedServerOptions): Promise<Emb
     const worker = new Worker(new URL(`data:text/javascript,${encodeURIComponent(WORKER_SOURCE)}`), {
       // The worker inherits no loader flags it does not need (tsx's hooks are irrelevant to plain JavaScript).
       execArgv: [],
+      // The worker's own V8 heap holds only PGlite's JavaScript side (wire buffers, its file system tables); the
+      // database itself lives in WebAssembly memory outside these limits. Node 24 would otherwise size its young
+      // generation from the machine's memory (up to 3 x 64 MB).
+      resourceLimits: { maxYoungGenerationSizeMb: 8, maxOldGenerationSizeMb: 128 },
       workerData: {
         modules: modules(),
         dir: options.dir,
