@@ -9,6 +9,7 @@ import { Settings } from "../config/Live.js"
 import { fail } from "../errors/Catalog.js"
 import { inferenceBody } from "../errors/Render.js"
 import { declaredOver } from "./Body.js"
+import * as CallbackFibers from "./CallbackFibers.js"
 import { defectCode, newRequestId, REQUEST_ID_HEADER } from "./Respond.js"
 
 /**
@@ -220,7 +221,9 @@ export const layer = <Rs extends Routes<any>>(routes: Rs) => Layer.effect(
       closeIdle.forEach((close) => close())
       // Finalizers run uninterruptibly: without `interruptible` the timeout could not stop the wait, and
       // the grace period would last until the last connection closed by itself.
+      // Connections first, then the fibers their streams started from callbacks (settles, cancellations).
       yield* Effect.all(closed, { concurrency: "unbounded", discard: true }).pipe(
+        Effect.andThen(Effect.suspend(() => callbackFibers.awaitEmpty)),
         Effect.interruptible,
         Effect.as(true),
         Effect.timeoutOrElse({ duration: grace, orElse: () => Effect.succeed(false) }),
@@ -234,12 +237,14 @@ export const layer = <Rs extends Routes<any>>(routes: Rs) => Layer.effect(
     // Request fibers live in this scope (NodeHttpServer.makeHandler registers each one) and are interrupted
     // when it closes: only after the drain, so open requests get the grace period first.
     const requests = yield* Scope.make("parallel")
+    // Created before the drain's finalizer is added, so it is closed (remaining fibers interrupted) after it.
+    const callbackFibers = yield* CallbackFibers.make
     yield* Effect.addFinalizer((exit) => Effect.ensuring(drain, Scope.close(requests, exit.pipe(Exit.asVoid))))
     for (const listener of settings.config.listeners) {
       // No per-request tracing spans: they cost 20-30% of the hot path and nothing exports them. The handler
       // runs every request with the services captured here, so the setting holds for all of them.
       const handler = yield* NodeHttpServer.makeHandler(yield* appFor(listener.origins, routes as Routes<RoutesServices<Rs>>), { scope: requests })
-        .pipe(Effect.withTracerEnabled(false))
+        .pipe(Effect.withTracerEnabled(false), Effect.provideService(CallbackFibers.CallbackFibers, callbackFibers))
       const limits = settings.config.limits
       const server = Http.createServer(serverOptions(limits), handler)
       capConnections(server, limits.connections, (message) => runFork(Effect.logWarning(message)))

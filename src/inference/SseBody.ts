@@ -1,5 +1,6 @@
 import { Cause, Clock, Context, Duration, Effect, Exit, Scope } from "effect"
 import { Readable } from "node:stream"
+import { runForkTracked } from "../http/CallbackFibers.js"
 import { type UpstreamCall, UpstreamError, type UpstreamEvent, type UpstreamSink } from "../upstream/Upstream.js"
 
 export const PING_INTERVAL = Duration.seconds(8)
@@ -96,7 +97,8 @@ export const sseBody = (
     let cutWhenDrained: Error | null = null
     const cut = () => setImmediate(() => body.destroy(cutWhenDrained!))
     let touch = () => {}
-    const runFork = Effect.runForkWith(context)
+    // Fibers started from callbacks are tracked by the server, so a shutdown drain waits for their settles.
+    const runFork = runForkTracked(context)
     const run = <A>(effect: Effect.Effect<A>) => runFork(effect)
     /** Interrupts the opening of the upstream call, until it has opened. */
     let cancelOpening: (() => void) | null = null
