@@ -1,6 +1,7 @@
 import { PgClient } from "@effect/sql-pg"
 import { Clock, Context, Duration, Effect, Layer, Option, Schedule, Stream } from "effect"
 import type { SqlClient } from "effect/sql"
+import { randomUUID } from "node:crypto"
 import { type AccountRow, AccountsRepo, type KeyRow } from "../accounts/AccountsRepo.js"
 import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
@@ -80,11 +81,22 @@ export const make = Effect.gen(function*() {
     }
   }
 
+  /**
+   * Announcements carry this replica's tag (`<message>|<tag>`) so that its own echo is not counted twice: an echo
+   * arriving late would otherwise keep an unrelated lookup from being cached. The CLI sends untagged messages.
+   */
+  const tag = randomUUID().slice(0, 8)
+  const fromElsewhere = (payload: string): string | null => {
+    const bar = payload.lastIndexOf("|")
+    if (bar < 0) return payload
+    return payload.slice(bar + 1) === tag ? null : payload.slice(0, bar)
+  }
+
   const announce = (message: string) =>
     Effect.sync(() => dropLocal(message)).pipe(
       Effect.andThen(
         Option.isSome(pg) && !settings.embedded
-          ? notify(pg.value, INVALIDATION_CHANNEL, message).pipe(
+          ? notify(pg.value, INVALIDATION_CHANNEL, `${message}|${tag}`).pipe(
             Effect.catch((error) => Effect.logWarning("auth invalidation not announced", error))
           )
           : Effect.void
@@ -98,7 +110,12 @@ export const make = Effect.gen(function*() {
     // gets its own scope, so a retry listens on a fresh connection.
     yield* Effect.scoped(Effect.flatMap(client.listen(INVALIDATION_CHANNEL), (notifications) =>
       Stream.fromQueue(notifications).pipe(
-        Stream.runForEach((notification) => Effect.sync(() => dropLocal(notification.payload)))
+        Stream.runForEach((notification) =>
+          Effect.sync(() => {
+            const message = fromElsewhere(notification.payload)
+            if (message !== null) dropLocal(message)
+          })
+        )
       ))).pipe(
       Effect.catch((error) => Effect.logWarning("auth invalidation listener failed", error)),
       Effect.repeat(Schedule.spaced(Duration.seconds(1))),
