@@ -278,6 +278,9 @@ const invalid = (body: any): string | undefined => {
   if (body.temperature !== undefined && (body.temperature < 0 || body.temperature > 1)) {
     return "temperature: Input should be less than or equal to 1"
   }
+  if (body.temperature !== undefined && body.top_p !== undefined) {
+    return "`temperature` and `top_p` cannot both be specified for this model. Please use only one."
+  }
   if (body.thinking !== undefined) {
     const budget = body.thinking?.budget_tokens
     if (!Number.isInteger(budget) || budget < 1024) return "thinking.budget_tokens: Input should be >= 1024"

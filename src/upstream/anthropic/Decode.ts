@@ -210,7 +210,9 @@ export class StreamDecoder extends Emitter {
   /** One SSE event's `data`. */
   onData(data: string): void {
     if (this.error !== undefined || this.sawDone) return
-    if (data.length > MAX_EVENT_CHARS) return this.fail(protocolError(`event longer than ${MAX_EVENT_CHARS} characters`))
+    if (data.length > MAX_EVENT_CHARS) {
+      return this.fail(protocolError(`event longer than ${MAX_EVENT_CHARS} characters`))
+    }
     let event: unknown
     try {
       event = JSON.parse(data)

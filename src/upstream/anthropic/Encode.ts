@@ -19,12 +19,14 @@
  *   the same on the `tool_use` and its `tool_result`, so pairs still match.
  * - A final assistant message is a prefill (Anthropic continues it); its trailing whitespace is trimmed (Anthropic
  *   refuses it).
- * - `tools` -> `{name, description, input_schema}` (`parameters`, or an empty object schema; `strict` dropped).
+ * - `tools` -> `{name, description, input_schema}` (`parameters` with `type: "object"` added when missing, or an
+ *   empty object schema; `strict` dropped).
  *   Tool calls in the history with no `tools` in the request: Anthropic refuses tool blocks without tool
  *   definitions, so each tool name of the history is declared (empty schema) with `tool_choice: none`.
  * - `tool_choice`: auto -> auto, required -> any, none -> none, function -> tool; `parallel_tool_calls: false` ->
  *   `disable_parallel_tool_use: true`. Both only with tools.
- * - `stop` -> `stop_sequences`; `temperature` clamped to Anthropic's 0..1; `top_p`; `max_tokens`; `stream`.
+ * - `stop` -> `stop_sequences`; `temperature` clamped to Anthropic's 0..1; `top_p` only without `temperature`
+ *   (recent models refuse both); `max_tokens`; `stream`.
  * - `reasoning_effort` -> `thinking: {type: "enabled", budget_tokens}` (see `THINKING_BUDGETS` and `thinkingBudget`).
  *   With thinking on, `temperature` is omitted and `top_p` is sent only when within 0.95..1 (Anthropic's rules).
  */
@@ -170,7 +172,8 @@ const wireToolChoice = (choice: ToolChoice | undefined, parallel: boolean | unde
 }
 
 /** Whether the client forces a tool call (Anthropic refuses forced tool use with thinking). */
-const forcesTool = (choice: ToolChoice | undefined): boolean => choice !== undefined && choice !== "auto" && choice !== "none"
+const forcesTool = (choice: ToolChoice | undefined): boolean =>
+  choice !== undefined && choice !== "auto" && choice !== "none"
 
 /** Builds the Anthropic request, or the reason it cannot be sent (an `UpstreamError`, status 400). */
 export const encodeRequest = (request: UpstreamRequest, options: EncodeOptions): EncodedRequest | UpstreamError => {
@@ -269,15 +272,23 @@ export const encodeRequest = (request: UpstreamRequest, options: EncodeOptions):
   if (budget > 0) {
     body.thinking = { type: "enabled", budget_tokens: budget }
     if (request.top_p !== undefined && request.top_p >= 0.95) body.top_p = request.top_p
-  } else {
-    if (request.temperature !== undefined) body.temperature = Math.min(1, Math.max(0, request.temperature))
-    if (request.top_p !== undefined) body.top_p = request.top_p
+  } else if (request.temperature !== undefined) {
+    // Recent models refuse temperature and top_p together: temperature wins.
+    body.temperature = Math.min(1, Math.max(0, request.temperature))
+  } else if (request.top_p !== undefined) {
+    body.top_p = request.top_p
   }
   if (hasTools) {
     body.tools = request.tools!.map((tool) => {
       const out: Record<string, unknown> = { name: tool.function.name }
       if (tool.function.description !== undefined) out.description = tool.function.description
-      out.input_schema = tool.function.parameters ?? EMPTY_OBJECT_SCHEMA
+      const schema = tool.function.parameters
+      // Anthropic requires `type: "object"`; OpenAI-style clients sometimes send `{}` or properties alone.
+      out.input_schema = schema === undefined
+        ? EMPTY_OBJECT_SCHEMA
+        : schema.type === undefined
+        ? { type: "object", ...schema }
+        : schema
       return out
     })
     const choice = wireToolChoice(request.tool_choice, request.parallel_tool_calls)

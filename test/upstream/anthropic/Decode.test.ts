@@ -358,13 +358,15 @@ describe("Anthropic stream decoding", () => {
     }
 
     it("refuses an event over MAX_EVENT_CHARS", () => {
-      fails([E.messageStart(), E.blockStart(0, { type: "text", text: "" }), E.textDelta(0, "x".repeat(MAX_EVENT_CHARS))], /longer than/)
+      const huge = E.textDelta(0, "x".repeat(MAX_EVENT_CHARS))
+      fails([E.messageStart(), E.blockStart(0, { type: "text", text: "" }), huge], /longer than/)
     })
 
     it("refuses more than 128 tool calls", () => {
       const events: Array<object> = [E.messageStart()]
       for (let i = 0; i < 129; i++) {
-        events.push(E.blockStart(i, { type: "tool_use", id: `toolu_01Tool${String(i).padStart(12, "0")}`, name: "f", input: {} }))
+        const id = `toolu_01Tool${String(i).padStart(12, "0")}`
+        events.push(E.blockStart(i, { type: "tool_use", id, name: "f", input: {} }))
         events.push(E.blockStop(i))
       }
       fails(events, /more than 128 tool calls/)
@@ -389,15 +391,14 @@ describe("Anthropic stream decoding", () => {
       fails([E.messageStart(), E.textDelta(0, "x")], /not open/)
       fails([E.messageStart(), E.blockStart(0, { type: "text", text: "" }), E.blockStop(0), E.textDelta(0, "x")], /not open/)
       fails([E.messageStart(), E.blockStop(3)], /not open/)
-      fails(
-        [E.messageStart(), E.blockStart(0, { type: "tool_use", id: "toolu_01abcdefghijklmnop", name: "f", input: {} }), E.textDelta(0, "x")],
-        /text_delta outside/
-      )
+      const toolStart = E.blockStart(0, { type: "tool_use", id: "toolu_01abcdefghijklmnop", name: "f", input: {} })
+      fails([E.messageStart(), toolStart, E.textDelta(0, "x")], /text_delta outside/)
       fails([E.messageStart(), E.blockStart(0, { type: "text", text: "" }), E.jsonDelta(0, "{")], /input_json_delta outside/)
       fails([E.messageStart(), E.blockStart(0, { type: "text", text: "" }), E.thinkingDelta(0, "t")], /thinking_delta outside/)
       fails([E.messageStart(), E.blockStart(0, { type: "text", text: "" }), E.blockStart(0, { type: "text", text: "" })], /started twice/)
       fails([E.messageStart(), { type: "content_block_start", content_block: { type: "text", text: "" } }], /without an index/)
-      fails([E.messageStart(), { type: "content_block_start", index: 0, content_block: { type: "tool_use", id: "toolu_01abcdefghijklmnop", input: {} } }], /without a name/)
+      const nameless = { type: "tool_use", id: "toolu_01abcdefghijklmnop", input: {} }
+      fails([E.messageStart(), { type: "content_block_start", index: 0, content_block: nameless }], /without a name/)
     })
   })
 
@@ -461,7 +462,12 @@ describe("Anthropic whole-answer decoding", () => {
       { id: "toolu_01WholeWholeWholeWhole", name: "weather", input: { city: "Seoul", days: [1, 2] } },
       { id: "toolu_01EmptyEmptyEmptyEmpty", name: "now", input: {} }
     ], "Let me check.")],
-    ["cache usage", FakeMessages.text("cached", { input_tokens: 3, cache_creation_input_tokens: 7, cache_read_input_tokens: 90, output_tokens: 2 })],
+    ["cache usage", FakeMessages.text("cached", {
+      input_tokens: 3,
+      cache_creation_input_tokens: 7,
+      cache_read_input_tokens: 90,
+      output_tokens: 2
+    })],
     ["max tokens", { content: [{ type: "text", text: "cut" }], stop_reason: "max_tokens" }],
     ["redacted thinking", { content: [{ type: "redacted_thinking", data: "abc" }, { type: "text", text: "hi" }] }]
   ]
@@ -515,7 +521,14 @@ describe("Anthropic whole-answer decoding", () => {
     expect(decodeResponse([])).toMatchObject({ kind: "protocol" })
     expect(decodeResponse("text")).toMatchObject({ kind: "protocol" })
     expect(decodeResponse({ type: "message" })).toMatchObject({ kind: "protocol", detail: "answer has no content array" })
-    const many = { content: Array.from({ length: 129 }, (_, i) => ({ type: "tool_use", id: `toolu_01Many${String(i).padStart(12, "0")}`, name: "f", input: {} })) }
+    const many = {
+      content: Array.from({ length: 129 }, (_, i) => ({
+        type: "tool_use",
+        id: `toolu_01Many${String(i).padStart(12, "0")}`,
+        name: "f",
+        input: {}
+      }))
+    }
     expect(decodeResponse(many)).toMatchObject({ kind: "protocol", detail: "more than 128 tool calls" })
   })
 })

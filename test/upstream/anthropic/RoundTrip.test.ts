@@ -298,7 +298,11 @@ describe("Anthropic codec over HTTP (fake Anthropic)", () => {
           role: "assistant",
           content: null,
           reasoning: "dropped",
-          tool_calls: [{ id: "call_0123456789abcdef0123456789abcdef", type: "function", function: { name: "weather", arguments: "{\"city\":\"Seoul\"}" } }]
+          tool_calls: [{
+            id: "call_0123456789abcdef0123456789abcdef",
+            type: "function",
+            function: { name: "weather", arguments: "{\"city\":\"Seoul\"}" }
+          }]
         },
         { role: "tool", tool_call_id: "call_0123456789abcdef0123456789abcdef", content: "sunny" }
       ],
