@@ -454,6 +454,90 @@ describe("Anthropic stream decoding", () => {
   })
 })
 
+describe("lean delta decoding", () => {
+  /** Runs raw `data` payloads through a lean decoder and a JSON.parse-only one; both must agree exactly. */
+  const both = (frames: ReadonlyArray<string>) => {
+    const run = (lean: boolean) => {
+      const decoder = new StreamDecoder([], lean)
+      for (const f of frames) decoder.onData(f)
+      const before = decoder.take()
+      const end = decoder.end()
+      return { before, end: end === undefined ? undefined : { kind: end.kind, detail: end.detail }, after: decoder.take() }
+    }
+    const lean = run(true)
+    expect(lean).toEqual(run(false))
+    return lean
+  }
+  const J = JSON.stringify
+  const start = (index: number, type: string) =>
+    J(type === "tool_use"
+      ? E.blockStart(index, { type: "tool_use", id: "toolu_01LeanLeanLeanLean", name: "f", input: {} })
+      : E.blockStart(index, type === "text" ? { type: "text", text: "" } : { type: "thinking", thinking: "" }))
+  const text = (index: number, raw: string) =>
+    `{"type":"content_block_delta","index":${index},"delta":{"type":"text_delta","text":"${raw}"}}`
+  const open = [J(E.messageStart()), start(0, "text")]
+  const close = [J(E.blockStop(0)), J(E.messageDelta("end_turn")), J(E.messageStop())]
+
+  it.each([
+    ["plain", "Hello"],
+    ["empty", ""],
+    ["escaped quote", "say \\\"hi\\\""],
+    ["escaped backslash at the end", "C:\\\\"],
+    ["newline and tab escapes", "a\\nb\\tc"],
+    ["unicode escapes and a surrogate pair", "caf\\u00e9 \\ud83d\\ude00"],
+    ["raw unicode", "한국어 🤔"],
+    ["slash escape", "a\\/b"]
+  ])("decodes a text delta with %s like JSON.parse", (_, raw) => {
+    const out = both([...open, text(0, raw), ...close])
+    expect(out.end).toBeUndefined()
+    expect(out.before).toEqual(raw === "" ? [] : [{ _tag: "Content", text: JSON.parse(`"${raw}"`) }])
+  })
+
+  it.each([
+    ["an invalid escape", text(0, "bad \\x escape")],
+    ["a backslash escaping the closing quote", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"abc\\"}}`],
+    ["a raw control character", text(0, "a\u0001b")],
+    ["a cut frame", text(0, "x").slice(0, -1)]
+  ])("fails %s like JSON.parse", (_, frame) => {
+    const out = both([...open, frame, ...close])
+    expect(out.end).toMatchObject({ kind: "protocol" })
+  })
+
+  it.each([
+    ["another member after the text", `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"a","x":"b"}}`],
+    ["a string that looks like the end", text(0, "a\\\"}},\\\"b")],
+    ["another index", text(1, "x")],
+    ["spaces", `{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}`],
+    ["members in another order", `{"index":0,"type":"content_block_delta","delta":{"text":"x","type":"text_delta"}}`],
+    ["a delta after the block stopped", "stop"]
+  ])("decodes %s like JSON.parse", (_, frame) => {
+    const frames = frame === "stop" ? [...open, J(E.blockStop(0)), text(0, "late")] : [...open, frame, ...close]
+    both(frames)
+  })
+
+  it("decodes thinking and input_json deltas (escaped JSON in JSON) like JSON.parse", () => {
+    const out = both([
+      J(E.messageStart()),
+      start(0, "thinking"),
+      J(E.thinkingDelta(0, "think \"hard\"")),
+      J(E.signatureDelta(0)),
+      J(E.blockStop(0)),
+      start(1, "tool_use"),
+      J(E.jsonDelta(1, "")),
+      J(E.jsonDelta(1, "{\"city\": \"Seo")),
+      J(E.jsonDelta(1, "ul\\n\"}")),
+      J(E.blockStop(1)),
+      J(E.messageDelta("tool_use")),
+      J(E.messageStop())
+    ])
+    expect(out.before.filter((e) => e._tag !== "ToolCallStart")).toEqual([
+      { _tag: "Reasoning", text: "think \"hard\"" },
+      { _tag: "ToolCallArgs", index: 0, fragment: "{\"city\": \"Seo" },
+      { _tag: "ToolCallArgs", index: 0, fragment: "ul\\n\"}" }
+    ])
+  })
+})
+
 describe("Anthropic whole-answer decoding", () => {
   const messages: ReadonlyArray<[string, FakeMessage]> = [
     ["text", FakeMessages.text("Hello there", { input_tokens: 12, output_tokens: 3 })],
