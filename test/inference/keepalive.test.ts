@@ -5,7 +5,9 @@ import { describe, expect, it } from "@effect/vitest"
 import { afterEach, vi } from "vitest"
 import { Duration, Effect, Exit, Fiber, Scope } from "effect"
 import { TestClock } from "effect/testing"
-import { idlePinger, PING_FRAME, PING_INTERVAL, sseBody } from "../../src/inference/SseBody.js"
+import * as Http from "node:http"
+import type { AddressInfo } from "node:net"
+import { idlePinger, nodeOutput, PING_FRAME, PING_INTERVAL, sseBody } from "../../src/inference/SseBody.js"
 import { attach } from "../support/SseOutput.js"
 import { UpstreamError, type UpstreamCall, type UpstreamEvent, type UpstreamSink } from "../../src/upstream/Upstream.js"
 
@@ -115,8 +117,11 @@ describe("SSE body", () => {
       const body = yield* sseBody(context, scope, open, "data: head\n\n", handlers(log))
       const client = yield* attach(body)
       expect(client.take()).toBe("data: head\n\ndata: a\n\n")
+      // Corked until the held events have been delivered, so they leave with the head.
+      expect(client.state.corks).toBe(1)
       yield* Effect.promise(() => new Promise<void>((r) => queueMicrotask(r)))
       expect(state.resumed).toBe(1)
+      expect(client.state.corks).toBe(0)
       expect(state.sink!.onEvents([content("b"), content("c")])).toBe(true)
       expect(client.take()).toBe("data: b\n\ndata: c\n\n")
       yield* advance(8_000)
@@ -201,4 +206,35 @@ describe("SSE body", () => {
       expect(state.resumed).toBe(resumedBefore + 1)
       yield* Scope.close(scope, Exit.void)
     }))
+})
+
+describe("Node output", () => {
+  const serve = (handler: (res: Http.ServerResponse) => void) =>
+    new Promise<{ text: string; headers: Headers }>((resolve, reject) => {
+      const server = Http.createServer((_req, res) => handler(res))
+      server.listen(0, "127.0.0.1", async () => {
+        try {
+          const port = (server.address() as AddressInfo).port
+          const res = await fetch(`http://127.0.0.1:${port}/`)
+          resolve({ text: await res.text(), headers: res.headers })
+        } catch (error) {
+          reject(error)
+        } finally {
+          server.close()
+        }
+      })
+    })
+  const noBody = { run: () => Effect.void, drained: () => {}, closed: () => {} }
+
+  it("the closing frames written while corked still reach the client, after the headers and the frames", async () => {
+    const { text, headers } = await serve((res) => {
+      const output = nodeOutput(res, { "content-type": "text/event-stream", "x-test": "1" }, noBody)
+      output.cork()
+      output.write("data: a\n\n")
+      output.end("data: last\n\ndata: [DONE]\n\n")
+      output.uncork()
+    })
+    expect(headers.get("x-test")).toBe("1")
+    expect(text).toBe("data: a\n\ndata: last\n\ndata: [DONE]\n\n")
+  })
 })
