@@ -76,9 +76,6 @@ export interface SseOutput {
   readonly end: (text: string) => void
   /** Ends the connection without the closing frames (a failure mid-stream), after what was written; `closed` follows. */
   readonly cut: () => void
-  /** Writes made between `cork` and `uncork` leave in one packet. */
-  readonly cork: () => void
-  readonly uncork: () => void
 }
 
 /** A stream that has committed (its first events came, or the wait for them ran out). */
@@ -189,19 +186,11 @@ export const sseBody = (
       call = opened
       cancelOpening = null
       handlers.started?.()
-      // The head, the first events and whatever the upstream had already sent (delivered by `resume`) go out
-      // together with the headers.
-      const output = out!
-      output.cork()
       if (write(head + handlers.frames(opened.first))) {
         queueMicrotask(() => {
           if (!done && !waiting) opened.resume()
-          output.uncork()
         })
-      } else {
-        waiting = true
-        output.uncork()
-      }
+      } else waiting = true
     }
 
     // Opening runs in a fiber of its own (on this request's context: same clock and services) so that the
@@ -304,7 +293,6 @@ export const nodeOutput = (
   const start = () => {
     if (!response.headersSent) response.writeHead(200, headers)
   }
-  let corked = 0
   return {
     write: (text) => {
       start()
@@ -312,18 +300,7 @@ export const nodeOutput = (
     },
     end: (text) => {
       start()
-      // Node drops what is written by an `end` made while the response is corked: uncork first.
-      for (; corked > 0; corked--) response.uncork()
       response.end(text)
-    },
-    cork: () => {
-      corked++
-      response.cork()
-    },
-    uncork: () => {
-      if (corked === 0) return
-      corked--
-      response.uncork()
     },
     cut: () => {
       const socket = response.socket

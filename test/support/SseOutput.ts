@@ -3,7 +3,7 @@ import type { SseBody, SseOutput } from "../../src/inference/SseBody.js"
 
 /** An in-memory client for an `SseBody`: what was written, whether it ended or was cut, and a switch for back-pressure. */
 export const memoryOutput = () => {
-  const state = { text: "", ended: false, cuts: 0, full: false, corks: 0 }
+  const state = { text: "", ended: false, cuts: 0, full: false }
   const output: SseOutput = {
     write: (text) => {
       state.text += text
@@ -13,9 +13,7 @@ export const memoryOutput = () => {
       state.text += text
       state.ended = true
     },
-    cut: () => void state.cuts++,
-    cork: () => void state.corks++,
-    uncork: () => void state.corks--
+    cut: () => void state.cuts++
   }
   /** The text written since the last call. */
   const take = (): string => {
