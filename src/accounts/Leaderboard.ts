@@ -1,5 +1,4 @@
 import { Clock, Effect, Option, Semaphore } from "effect"
-import type { SqlClient } from "effect/sql"
 import { DAY_MS } from "../quota/Policy.js"
 
 /**
@@ -49,18 +48,8 @@ export interface Leaderboard {
   readonly computations: () => number
 }
 
-/** The one aggregate over every account's rows of today. */
-export const loadTotals = (sql: SqlClient.SqlClient, dayStart: Date): Effect.Effect<Float64Array> =>
-  sql<{ tokens: number }>`
-    SELECT sum(r.input_tokens::bigint + r.output_tokens)::bigint AS tokens
-    FROM request_log r JOIN accounts a ON a.id = r.account_id
-    WHERE r.created_at >= ${dayStart} AND NOT a.is_guest
-    GROUP BY r.account_id
-    HAVING sum(r.input_tokens::bigint + r.output_tokens) > 0
-    ORDER BY tokens DESC`.pipe(
-    Effect.map((rows) => Float64Array.from(rows, (row) => Number(row.tokens))),
-    Effect.orDie
-  )
+/** The one aggregate over every account's rows of today (telemetry/RequestQueries.ts). */
+export { leaderboardTotals as loadTotals } from "../telemetry/RequestQueries.js"
 
 /**
  * A single-flight cache around `load`. A fresh board is returned as is. When it is stale, one caller

@@ -1,7 +1,8 @@
 import { Clock, Effect } from "effect"
-import { SqlClient, type Statement } from "effect/sql"
-import { fail, type GatewayError } from "../errors/Catalog.js"
-import { cleanText } from "../telemetry/RequestLog.js"
+import type { SqlClient } from "effect/sql"
+import { AccountMessages, fail, type GatewayError } from "../errors/Catalog.js"
+import { type GroupRow, metricsRows, recentRequestRows, type Tier } from "../telemetry/RequestQueries.js"
+import { cleanText } from "../telemetry/RequestRow.js"
 
 /** Allowed `range` values, their length and the series bucket size (about 50–60 buckets each). */
 export const RANGES = {
@@ -17,23 +18,11 @@ export const DEFAULT_RANGE: Range = "24h"
 
 /** Longest `model` filter; longer values are truncated, never rejected. */
 export const MODEL_FILTER_MAX = 128
-/** Entries of `tools.choices`, and the longest choice text returned. */
-export const TOOL_CHOICES_TOP = 10
-export const TOOL_CHOICE_MAX_CHARS = 64
-/** Rows of `by_model` and `byok.by_provider`. */
-const GROUPS_MAX = 50
-
-/** Error tiers of `errors.by_code[].tier` and `errors.by_tier`. */
-export const TIERS = ["client", "limit", "server"] as const
-export type Tier = (typeof TIERS)[number]
-
 /** `range`: absent or empty gives 24h; anything outside the set is 400 listing the allowed values. */
 export const parseRange = (raw: string | null): Effect.Effect<Range, GatewayError> => {
   if (raw === null || raw === "") return Effect.succeed(DEFAULT_RANGE)
   if (Object.prototype.hasOwnProperty.call(RANGES, raw)) return Effect.succeed(raw as Range)
-  return Effect.fail(fail("invalid_range", {
-    message: `range 값이 올바르지 않습니다. 허용되는 값: ${RANGE_NAMES.join(", ")}`
-  }))
+  return Effect.fail(fail("invalid_range", { message: AccountMessages.invalidRange(RANGE_NAMES) }))
 }
 
 /**
@@ -70,133 +59,25 @@ const ratio = (part: number, whole: number): number | null =>
 const ms = (x: number | null): number | null => (x === null ? null : Math.round(x))
 const r2 = (x: number | null): number | null => (x === null ? null : Math.round(x * 100) / 100)
 
-interface TotalsRow {
-  readonly requests: number
-  readonly success: number
-  readonly errors: number
-  readonly cancelled: number
-  readonly input_tokens: number
-  readonly output_tokens: number
-  readonly reasoning_tokens: number
-  readonly cached_tokens: number
-  readonly with_tools: number
-  readonly ttfb_p50: number | null
-  readonly ttfb_p95: number | null
-  readonly duration_p50: number | null
-  readonly duration_p95: number | null
-  readonly tps_avg: number | null
-  readonly tps_p50: number | null
-  readonly tps_max: number | null
-  readonly byok_requests: number
-  readonly byok_success: number
-  readonly byok_errors: number
-  readonly byok_fell_back: number
-  readonly byok_input_tokens: number
-  readonly byok_output_tokens: number
-}
-
-interface CodeRow {
-  readonly code: string
-  readonly tier: Tier
-  readonly count: number
-}
-
-interface GroupRow {
-  readonly name: string
-  readonly requests: number
-  readonly success: number
-  readonly errors: number
-  readonly input_tokens: number
-  readonly output_tokens: number
-}
-
-interface BucketRow {
-  readonly bucket: number
-  readonly requests: number
-  readonly success: number
-  readonly errors: number
-  readonly input_tokens: number
-  readonly output_tokens: number
-}
-
 /**
  * `GET /api/user/me/metrics`: every figure is aggregated in SQL over the caller's `request_log` rows in
  * `[since, until]`, optionally of one model. Ratios and percentiles are null when their sample is empty.
  */
 export const metrics = (accountId: string, range: Range, model: string | null) =>
   Effect.gen(function*() {
-    const sql = yield* SqlClient.SqlClient
     const { bucket, seconds } = RANGES[range]
     const until = yield* Clock.currentTimeMillis
     const since = until - seconds * 1000
     const sinceDate = new Date(since)
     const untilDate = new Date(until)
-    // One filter for every query below.
-    const scope = sql`account_id = ${accountId} AND created_at >= ${sinceDate} AND created_at <= ${untilDate}
-      AND (${model}::text IS NULL OR model_id = ${model}::text)`
-    const tier = sql`CASE WHEN http_status IN (429, 529) THEN 'limit' WHEN http_status >= 500 THEN 'server' ELSE 'client' END`
+    const { buckets, choices, codes, models, providers, totals: t } = yield* metricsRows(
+      accountId,
+      sinceDate,
+      untilDate,
+      model,
+      bucket
+    )
 
-    const [totals] = yield* sql<TotalsRow>`
-      SELECT
-        count(*) AS requests,
-        count(*) FILTER (WHERE status = 'success') AS success,
-        count(*) FILTER (WHERE status = 'error') AS errors,
-        count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
-        coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
-        coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
-        coalesce(sum(reasoning_tokens), 0)::bigint AS reasoning_tokens,
-        coalesce(sum(prompt_cached_tokens), 0)::bigint AS cached_tokens,
-        count(*) FILTER (WHERE had_tools) AS with_tools,
-        percentile_cont(0.5) WITHIN GROUP (ORDER BY ttfb_ms) FILTER (WHERE status = 'success') AS ttfb_p50,
-        percentile_cont(0.95) WITHIN GROUP (ORDER BY ttfb_ms) FILTER (WHERE status = 'success') AS ttfb_p95,
-        percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) FILTER (WHERE status = 'success') AS duration_p50,
-        percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ms) FILTER (WHERE status = 'success') AS duration_p95,
-        avg(tps) FILTER (WHERE status = 'success' AND tps > 0) AS tps_avg,
-        percentile_cont(0.5) WITHIN GROUP (ORDER BY tps) FILTER (WHERE status = 'success' AND tps > 0) AS tps_p50,
-        max(tps) FILTER (WHERE status = 'success' AND tps > 0) AS tps_max,
-        count(*) FILTER (WHERE byok) AS byok_requests,
-        count(*) FILTER (WHERE byok AND status = 'success') AS byok_success,
-        count(*) FILTER (WHERE byok AND status <> 'success') AS byok_errors,
-        count(*) FILTER (WHERE byok AND fell_back) AS byok_fell_back,
-        coalesce(sum(input_tokens) FILTER (WHERE byok), 0)::bigint AS byok_input_tokens,
-        coalesce(sum(output_tokens) FILTER (WHERE byok), 0)::bigint AS byok_output_tokens
-      FROM request_log WHERE ${scope}`
-
-    // A cancelled row's error_code is `cancelled` (as `/requests` shows it); rows written before it was null.
-    const codes = yield* sql<CodeRow>`
-      SELECT coalesce(error_code, CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'unknown' END) AS code,
-        ${tier} AS tier, count(*) AS count
-      FROM request_log WHERE ${scope} AND status <> 'success'
-      GROUP BY 1, 2 ORDER BY count DESC, code, tier`
-
-    const choices = yield* sql<{ readonly choice: string; readonly count: number }>`
-      SELECT left(coalesce(tool_choice, 'unset'), ${TOOL_CHOICE_MAX_CHARS}::int) AS choice, count(*) AS count
-      FROM request_log WHERE ${scope} AND had_tools
-      GROUP BY 1 ORDER BY count DESC, choice LIMIT ${TOOL_CHOICES_TOP}::int`
-
-    const group = (column: "model_id" | "provider", where: Statement.Fragment) =>
-      sql<GroupRow>`
-        SELECT coalesce(${sql(column)}, 'unknown') AS name, count(*) AS requests,
-          count(*) FILTER (WHERE status = 'success') AS success,
-          count(*) FILTER (WHERE status <> 'success') AS errors,
-          coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
-          coalesce(sum(output_tokens), 0)::bigint AS output_tokens
-        FROM request_log WHERE ${scope} AND ${where}
-        GROUP BY 1 ORDER BY requests DESC, name LIMIT ${GROUPS_MAX}::int`
-    const models = yield* group("model_id", sql`TRUE`)
-    const providers = yield* group("provider", sql`byok`)
-
-    const buckets = yield* sql<BucketRow>`
-      SELECT (floor(extract(epoch FROM created_at) / ${bucket}::int) * ${bucket}::int)::bigint AS bucket,
-        count(*) AS requests,
-        count(*) FILTER (WHERE status = 'success') AS success,
-        count(*) FILTER (WHERE status <> 'success') AS errors,
-        coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
-        coalesce(sum(output_tokens), 0)::bigint AS output_tokens
-      FROM request_log WHERE ${scope}
-      GROUP BY 1 ORDER BY 1`
-
-    const t = totals!
     const byTier: Record<Tier, number> = { client: 0, limit: 0, server: 0 }
     for (const row of codes) byTier[row.tier] += row.count
 
@@ -279,7 +160,7 @@ export const metrics = (accountId: string, range: Range, model: string | null) =
       },
       series
     }
-  }).pipe(Effect.orDie)
+  })
 
 /** The spec's Request row, exactly these fields (the provider is not on the row). */
 export interface RequestRowView {
@@ -300,15 +181,12 @@ export interface RequestRowView {
 }
 
 /** `GET /api/user/me/requests`: the caller's newest rows first, no cursor. */
-export const recentRequests = (accountId: string, limit: number) =>
-  Effect.gen(function*() {
-    const sql = yield* SqlClient.SqlClient
-    const rows = yield* sql<Omit<RequestRowView, "created_at"> & { readonly created_at: Date }>`
-      SELECT id, created_at, model_id, status, error_code, input_tokens, output_tokens, reasoning_tokens,
-        prompt_cached_tokens, duration_ms, tps, had_tools, byok, fell_back
-      FROM request_log WHERE account_id = ${accountId}
-      ORDER BY created_at DESC, id DESC LIMIT ${limit}::int`
-    return rows.map((r): RequestRowView => ({
+export const recentRequests = (
+  accountId: string,
+  limit: number
+): Effect.Effect<Array<RequestRowView>, never, SqlClient.SqlClient> =>
+  Effect.map(recentRequestRows(accountId, limit), (rows) =>
+    rows.map((r): RequestRowView => ({
       id: r.id,
       created_at: r.created_at.toISOString(),
       model_id: r.model_id,
@@ -323,5 +201,4 @@ export const recentRequests = (accountId: string, limit: number) =>
       had_tools: r.had_tools,
       byok: r.byok,
       fell_back: r.fell_back
-    }))
-  }).pipe(Effect.orDie)
+    })))

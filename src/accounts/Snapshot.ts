@@ -1,11 +1,11 @@
 import { Clock, Effect } from "effect"
-import { SqlClient } from "effect/sql"
+import type { SqlClient } from "effect/sql"
 import type { PlanConfig } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
-import { type ModelShare, usageByModel, WEEK_MS, windowStart } from "../inference/IdentityRoutes.js"
 import { Admission, type PoolStanding } from "../quota/Admission.js"
-import { DAY_MS, round2 } from "../quota/Policy.js"
+import { DAY_MS, round2, WEEK_MS } from "../quota/Policy.js"
+import { type ModelShare, snapshotRows, usageByModel, windowStart } from "../telemetry/RequestQueries.js"
 import { type AccountRow, AccountsRepo } from "./AccountsRepo.js"
 import { leaderboardDayStart, standingOn } from "./Leaderboard.js"
 
@@ -76,31 +76,6 @@ export const poolView = (
   }))
 })
 
-interface RecentRow {
-  readonly id: number
-  readonly model_id: string
-  readonly status: string
-  readonly created_at: Date
-  readonly input_tokens: number
-  readonly output_tokens: number
-  readonly tps: number
-  readonly error: string | null
-}
-
-interface ModelDay {
-  readonly model_id: string
-  readonly requests: number
-  readonly successes: number
-  readonly input_tokens: number
-  readonly output_tokens: number
-}
-
-interface TodaySelf {
-  readonly tokens: number
-  readonly requests: number
-  readonly attempted: number
-}
-
 export { leaderboardDayStart }
 
 /**
@@ -114,7 +89,6 @@ export const snapshot = (
 ): Effect.Effect<Record<string, unknown>, GatewayError, SqlClient.SqlClient | Settings | Admission | AccountsRepo> =>
   Effect.gen(function*() {
     if (blocksSnapshot(account)) return yield* Effect.fail(fail("legacy_account_upgrade_required"))
-    const sql = yield* SqlClient.SqlClient
     const settings = yield* Settings
     const admission = yield* Admission
     const repo = yield* AccountsRepo
@@ -128,28 +102,9 @@ export const snapshot = (
     const [sessionModels, weeklyModels] = yield* Effect.all([
       usageByModel(account.id, windowStart(standing.session, plan.session_hours * 3_600_000)),
       usageByModel(account.id, windowStart(standing.weekly, WEEK_MS))
-    ]).pipe(Effect.provideService(SqlClient.SqlClient, sql))
+    ])
 
-    const queries = Effect.gen(function*() {
-      const recent = yield* sql<RecentRow>`
-        SELECT id, model_id, status, created_at, input_tokens, output_tokens, tps, error
-        FROM request_log WHERE account_id = ${account.id}
-        ORDER BY created_at DESC, id DESC LIMIT ${RECENT_REQUESTS}`
-      const models = yield* sql<ModelDay>`
-        SELECT model_id, count(*)::int AS requests,
-          count(*) FILTER (WHERE status = 'success')::int AS successes,
-          coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
-          coalesce(sum(output_tokens), 0)::bigint AS output_tokens
-        FROM request_log WHERE account_id = ${account.id} AND created_at >= ${dayAgo}
-        GROUP BY model_id ORDER BY requests DESC, model_id`
-      const self = yield* sql<TodaySelf>`
-        SELECT coalesce(sum(input_tokens::bigint + output_tokens), 0)::bigint AS tokens,
-          count(*) FILTER (WHERE status = 'success')::int AS requests,
-          count(*)::int AS attempted
-        FROM request_log WHERE account_id = ${account.id} AND created_at >= ${dayStart}`
-      return { recent, models, self: self[0]! }
-    })
-    const { models, recent, self } = yield* Effect.orDie(queries)
+    const { models, recent, self } = yield* snapshotRows(account.id, RECENT_REQUESTS, dayAgo, dayStart)
     const board = yield* repo.leaderboard.today
     const { leader_tokens, rank } = standingOn(board, self.tokens, !account.is_guest)
 

@@ -2,6 +2,7 @@ import { Effect, Result, Schema, SchemaIssue } from "effect"
 import * as Fs from "node:fs"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
+import { ReasoningEffort } from "../wire/ChatSchemas.js"
 
 const PositiveInt = Schema.Int.check(Schema.isGreaterThan(0))
 const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
@@ -18,8 +19,8 @@ const withDefault = <S extends Schema.Top>(value: () => S["Type"]) => (schema: S
 const pattern = (regex: RegExp, message?: string) =>
   Schema.String.check(Schema.isPattern(regex, message === undefined ? undefined : { message }))
 
-export const ReasoningEffort = Schema.Literals(["none", "low", "high", "max"])
-export type ReasoningEffort = typeof ReasoningEffort.Type
+// Defined with the chat wire shapes; re-exported for the catalog's `reasoning_efforts`.
+export { ReasoningEffort }
 
 export const Origin = Schema.Literals(["inference", "account", "status"])
 export type Origin = typeof Origin.Type

@@ -124,3 +124,48 @@ export class GatewayError extends Data.TaggedError("GatewayError")<{
 
 export const fail = (code: Code, extra: Omit<ConstructorParameters<typeof GatewayError>[0], "code"> = {}) =>
   new GatewayError({ code, ...extra })
+
+// ---------------------------------------------------------------------------------------------
+// Message variants: the Korean text of a code when its default must name the request's specifics (a limit,
+// the allowed values). Routes and decoders take their texts from here: `fail(code, { message: ... })`.
+
+/** Chat completions and embeddings: variants of `invalid_request`, `invalid_messages` and the model gates. */
+export const InferenceMessages = {
+  /** `invalid_request`: a body that is JSON but not an object. */
+  notAnObject: "요청 본문은 JSON 객체여야 합니다.",
+  /** `invalid_request`: nesting deeper than `limits.json_depth`. */
+  jsonTooDeep: (maxDepth: number) => `JSON 중첩이 너무 깊습니다. 최대 ${maxDepth}단계까지 허용됩니다.`,
+  /** A text over its bound; `where` is the value's path (`messages[0].content`). */
+  textTooLong: (where: string, maxChars: number) => `${where} 이(가) 너무 깁니다. 최대 ${maxChars}자까지 허용됩니다.`,
+  /** A field's message for a value missing at `where`. */
+  fieldRequired: (where: string, fieldMessage: string) => `${where} 필드가 필요합니다. ${fieldMessage}`,
+  /** A field's message for a bad value nested at `where`. */
+  fieldAt: (fieldMessage: string, where: string) => `${fieldMessage} (위치: ${where})`,
+  tooManyMessages: (max: number) => `messages 는 최대 ${max}개까지 허용됩니다.`,
+  tooManyContentParts: (max: number) => `콘텐츠 파트는 요청 전체에서 최대 ${max}개까지 허용됩니다.`,
+  tooManyToolCalls: (max: number) => `tool_calls 는 요청 전체에서 최대 ${max}개까지 허용됩니다.`,
+  tooManyTools: (max: number) => `tools 는 최대 ${max}개까지 허용됩니다.`,
+  toolTooDeep: (where: string, maxDepth: number) =>
+    `${where} 의 중첩이 너무 깊습니다. function.parameters 는 최대 ${maxDepth}단계까지 허용됩니다.`,
+  toolTooLarge: (where: string, maxBytes: number) =>
+    `${where} 정의가 너무 큽니다. 도구 하나는 최대 ${maxBytes}바이트까지 허용됩니다.`,
+  /** `model_not_found` for a BYOK reference (`@provider/...`) while BYOK is not available. */
+  byokModelUnavailable: "BYOK 모델 참조를 사용할 수 없습니다. 등록된 자격 증명이 없거나 기능이 꺼져 있습니다.",
+  /** `invalid_reasoning_effort`, listing the model's allowed values (none: the model has no reasoning). */
+  reasoningEffortNotAllowed: (allowed: ReadonlyArray<string>) =>
+    allowed.length > 0
+      ? `이 모델에서 허용되지 않는 reasoning_effort 값입니다. 허용 값: ${allowed.join(", ")}`
+      : "이 모델은 reasoning_effort 를 지원하지 않습니다. 허용 값: 없음",
+  /** `input_too_long` with the model's limit and the estimate. */
+  inputTooLong: (maxInputTokens: number, estimated: number) =>
+    `입력이 모델의 최대 입력 토큰 수(${maxInputTokens})를 초과했습니다. (추정 ${estimated})`,
+  /** `invalid_request` (embeddings): token arrays as input. */
+  tokenArrayInput: "토큰 배열 입력은 지원하지 않습니다. input 은 문자열 또는 문자열 배열이어야 합니다.",
+  tooManyEmbeddingInputs: (max: number) => `input 은 최대 ${max}개까지 허용됩니다.`
+} as const
+
+/** Account API variants. */
+export const AccountMessages = {
+  /** `invalid_range`, listing the allowed ranges. */
+  invalidRange: (allowed: ReadonlyArray<string>) => `range 값이 올바르지 않습니다. 허용되는 값: ${allowed.join(", ")}`
+} as const

@@ -1,14 +1,13 @@
 import { Result, Schema, type SchemaAST, type SchemaIssue } from "effect"
 import type { LimitsConfig } from "../config/GatewayConfig.js"
-import { type Code, fail, type GatewayError } from "../errors/Catalog.js"
+import { Catalog, type Code, fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
+import { Bounded, ID_CHARS, Message, ToolChoice, ToolDefinition } from "../wire/ChatSchemas.js"
 import { exceedsJsonBounds, formatPath } from "./JsonGuard.js"
 
 const opt = <S extends Schema.Top>(schema: S) => Schema.optionalKey(schema)
 
 /** Longest `model` accepted (catalog ids are at most 128; BYOK references name a provider, a label and a model). */
 export const MODEL_CHARS = 256
-/** Longest id or name a client echoes back (tool call ids, `tool_call_id`, tool call and tool choice names). */
-export const ID_CHARS = 256
 /** `stop`: at most this many sequences, each at most `STOP_CHARS` long. */
 export const STOP_SEQUENCES = 4
 export const STOP_CHARS = 256
@@ -20,65 +19,11 @@ export const MAX_TOOLS = 128
 export const MAX_CONTENT_PARTS = 4096
 export const MAX_TOOL_CALLS = 4096
 
-export const Bounded = (max: number) => Schema.String.check(Schema.isMaxLength(max))
-
-// Flat schemas built once at module scope; unknown fields are stripped on decode (never forwarded).
-// Bounds fixed by the contract live here; bounds taken from `limits` (config) are checked by `checkRaw` (before
-// decoding) and `checkTexts` (after).
-
-export const TextPart = Schema.Struct({ type: Schema.Literal("text"), text: Schema.String })
-export const ImagePart = Schema.Struct({
-  type: Schema.Literal("image_url"),
-  image_url: Schema.Struct({
-    url: Schema.String.check(Schema.makeFilter((u) => u.startsWith("https://") || u.startsWith("data:"), {
-      message: "image_url.url must be an https URL or a data: URI"
-    })),
-    detail: opt(Schema.Literals(["auto", "low", "high"]))
-  })
-})
-export const ContentPart = Schema.Union([TextPart, ImagePart])
-const Content = Schema.Union([Schema.String, Schema.Array(ContentPart)])
-
-export const ToolCall = Schema.Struct({
-  id: Bounded(ID_CHARS),
-  type: Schema.Literal("function"),
-  function: Schema.Struct({ name: Bounded(ID_CHARS), arguments: Schema.String })
-})
-
-export const SystemMessage = Schema.Struct({ role: Schema.Literal("system"), content: Content })
-export const UserMessage = Schema.Struct({ role: Schema.Literal("user"), content: Content })
-export const AssistantMessage = Schema.Struct({
-  role: Schema.Literal("assistant"),
-  content: Schema.NullOr(Schema.String),
-  tool_calls: opt(Schema.Array(ToolCall)),
-  reasoning: opt(Schema.String)
-})
-export const ToolMessage = Schema.Struct({
-  role: Schema.Literal("tool"),
-  tool_call_id: Bounded(ID_CHARS),
-  content: Schema.String
-})
-export const Message = Schema.Union([SystemMessage, UserMessage, AssistantMessage, ToolMessage])
-
-// The `u` flag lets Effect 4 put the pattern in the JSON Schema (it exports no pattern without it); same matches.
-export const ToolName = Schema.String.check(Schema.isPattern(/^[a-zA-Z0-9_-]{1,64}$/u, {
-  message: "tool name must match ^[a-zA-Z0-9_-]{1,64}$"
-}))
-
-export const ToolDefinition = Schema.Struct({
-  type: Schema.Literal("function"),
-  function: Schema.Struct({
-    name: ToolName,
-    description: opt(Schema.String),
-    parameters: opt(Schema.Record(Schema.String, Schema.Unknown)),
-    strict: opt(Schema.Boolean)
-  })
-})
-
-export const ToolChoice = Schema.Union([
-  Schema.Literals(["auto", "required", "none"]),
-  Schema.Struct({ type: Schema.Literal("function"), function: Schema.Struct({ name: Bounded(ID_CHARS) }) })
-])
+// The message and tool shapes are shared with the upstream port (src/wire/ChatSchemas.ts). Bounds fixed by the
+// contract live in the schemas; bounds taken from `limits` (config) are checked by `checkRaw` (before decoding)
+// and `checkTexts` (after).
+/** Documented by OpenApi.ts next to the request. */
+export { ToolCall } from "../wire/ChatSchemas.js"
 
 export const ChatRequest = Schema.Struct({
   model: Bounded(MODEL_CHARS),
@@ -182,7 +127,7 @@ const locate = (issue: SchemaIssue.Issue, value: unknown, path: ReadonlyArray<Pr
   }
 }
 
-export const NOT_AN_OBJECT = "요청 본문은 JSON 객체여야 합니다."
+export const NOT_AN_OBJECT = InferenceMessages.notAnObject
 
 /**
  * A decode failure as the user sees it: the message for the offending value's last key under its top-level
@@ -201,12 +146,12 @@ export const describeDecodeFailure = (
   let lastKey: PropertyKey | undefined
   for (let i = path.length - 1; i > 0 && lastKey === undefined; i--) if (typeof path[i] === "string") lastKey = path[i]
   const known = (typeof lastKey === "string" ? keyMessages[field]?.[lastKey] : undefined) ?? fieldMessages[field] ??
-    "요청 형식이 올바르지 않습니다."
+    Catalog.invalid_request.message
   const where = formatPath(path)
   const message = missing
-    ? `${where} 필드가 필요합니다. ${known}`
+    ? InferenceMessages.fieldRequired(where, known)
     : path.length > 1
-    ? `${known} (위치: ${where})`
+    ? InferenceMessages.fieldAt(known, where)
     : known
   return { field, message }
 }
@@ -235,15 +180,15 @@ const decodeFailure = (error: Schema.SchemaError, input: unknown): GatewayError 
 }
 
 export const tooLong = (code: Code, path: ReadonlyArray<PropertyKey>, max: number) =>
-  fail(code, { message: `${formatPath(path)} 이(가) 너무 깁니다. 최대 ${max}자까지 허용됩니다.` })
+  fail(code, { message: InferenceMessages.textTooLong(formatPath(path), max) })
 
 const toolBoundsError = (index: number, bound: "depth" | "size", limits: LimitsConfig): GatewayError =>
   bound === "depth"
     ? fail("invalid_request", {
-      message: `${formatPath(["tools", index])} 의 중첩이 너무 깊습니다. function.parameters 는 최대 ${limits.tool_schema_depth}단계까지 허용됩니다.`
+      message: InferenceMessages.toolTooDeep(formatPath(["tools", index]), limits.tool_schema_depth)
     })
     : fail("invalid_request", {
-      message: `${formatPath(["tools", index])} 정의가 너무 큽니다. 도구 하나는 최대 ${limits.tool_schema_bytes}바이트까지 허용됩니다.`
+      message: InferenceMessages.toolTooLarge(formatPath(["tools", index]), limits.tool_schema_bytes)
     })
 
 /**
@@ -255,7 +200,7 @@ const checkRaw = (body: Record<string, unknown>, limits: LimitsConfig): GatewayE
   const messages = body.messages
   if (Array.isArray(messages)) {
     if (messages.length > limits.messages) {
-      return fail("invalid_messages", { message: `messages 는 최대 ${limits.messages}개까지 허용됩니다.` })
+      return fail("invalid_messages", { message: InferenceMessages.tooManyMessages(limits.messages) })
     }
     let parts = 0
     let calls = 0
@@ -266,15 +211,15 @@ const checkRaw = (body: Record<string, unknown>, limits: LimitsConfig): GatewayE
       if (Array.isArray(tool_calls)) calls += tool_calls.length
     }
     if (parts > MAX_CONTENT_PARTS) {
-      return fail("invalid_messages", { message: `콘텐츠 파트는 요청 전체에서 최대 ${MAX_CONTENT_PARTS}개까지 허용됩니다.` })
+      return fail("invalid_messages", { message: InferenceMessages.tooManyContentParts(MAX_CONTENT_PARTS) })
     }
     if (calls > MAX_TOOL_CALLS) {
-      return fail("invalid_messages", { message: `tool_calls 는 요청 전체에서 최대 ${MAX_TOOL_CALLS}개까지 허용됩니다.` })
+      return fail("invalid_messages", { message: InferenceMessages.tooManyToolCalls(MAX_TOOL_CALLS) })
     }
   }
   const tools = body.tools
   if (Array.isArray(tools)) {
-    if (tools.length > MAX_TOOLS) return fail("invalid_request", { message: `tools 는 최대 ${MAX_TOOLS}개까지 허용됩니다.` })
+    if (tools.length > MAX_TOOLS) return fail("invalid_request", { message: InferenceMessages.tooManyTools(MAX_TOOLS) })
     for (let t = 0; t < tools.length; t++) {
       const bound = exceedsJsonBounds(tools[t], limits.tool_schema_depth + 2, limits.tool_schema_bytes)
       if (bound !== null) return toolBoundsError(t, bound, limits)

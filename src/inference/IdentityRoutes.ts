@@ -7,6 +7,7 @@ import { renderInference } from "../errors/Render.js"
 import { handle, json } from "../http/Respond.js"
 import { Admission, type PoolStanding } from "../quota/Admission.js"
 import { WEEK_MS } from "../quota/Policy.js"
+import { usageByModel, windowStart } from "../telemetry/RequestQueries.js"
 import { poolView } from "./Receipt.js"
 
 /** GET /v1/me: an explicit whitelist; the email address never leaves. */
@@ -36,46 +37,6 @@ export const me = HttpRouter.add(
     )
   })
 )
-
-export interface ModelShare {
-  readonly model_id: string
-  readonly request_count: number
-  readonly weighted: number
-  readonly pct_of_total: number
-}
-
-/** Successful requests per model since `since`, with each model's share of the weighted total. */
-export const usageByModel = (accountId: string, since: number | null) =>
-  Effect.gen(function*() {
-    if (since === null) return [] as Array<ModelShare>
-    const sql = yield* SqlClient.SqlClient
-    const rows = yield* sql<{ model_id: string; request_count: number; weighted: number }>`
-      SELECT model_id, count(*)::int AS request_count, coalesce(sum(weighted_cost), 0)::float8 AS weighted
-      FROM request_log
-      WHERE account_id = ${accountId} AND status = 'success' AND created_at >= ${new Date(since)}
-      GROUP BY model_id ORDER BY weighted DESC, model_id`
-    const total = rows.reduce((sum, r) => sum + r.weighted, 0)
-    return rows.map((r) => ({
-      model_id: r.model_id,
-      request_count: r.request_count,
-      weighted: r.weighted,
-      pct_of_total: total > 0 ? Math.round((r.weighted / total) * 10000) / 100 : 0
-    }))
-  }).pipe(Effect.orDie)
-
-/**
- * A request row is stamped when the request arrives; the window it opens starts at admission, a little
- * later. Rows this close before a window start belong to it.
- */
-export const WINDOW_SLACK_MS = 5_000
-
-/** Earliest row time counted in the window a pool standing describes, or null while inactive. */
-export const windowStart = (pool: PoolStanding, lengthMs: number): number | null => {
-  const start = pool.anchor_at != null ? pool.anchor_at : pool.resets_at === null ? null : pool.resets_at - lengthMs
-  return start === null ? null : start - WINDOW_SLACK_MS
-}
-
-export { WEEK_MS }
 
 /** GET /v1/usage: percentages only. */
 export const usage = HttpRouter.add(

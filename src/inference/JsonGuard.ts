@@ -1,5 +1,5 @@
 import { Effect, Result } from "effect"
-import { fail, type GatewayError } from "../errors/Catalog.js"
+import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
 
 const QUOTE = 34 // "
 const BACKSLASH = 92 // \
@@ -44,7 +44,7 @@ export const exceedsJsonDepth = (text: string, max: number): boolean => {
  */
 export const parseJsonBody = (text: string, maxDepth: number): Result.Result<unknown, GatewayError> => {
   if (exceedsJsonDepth(text, maxDepth)) {
-    return Result.fail(fail("invalid_request", { message: `JSON 중첩이 너무 깊습니다. 최대 ${maxDepth}단계까지 허용됩니다.` }))
+    return Result.fail(fail("invalid_request", { message: InferenceMessages.jsonTooDeep(maxDepth) }))
   }
   try {
     return Result.succeed(JSON.parse(text))

@@ -1,42 +1,15 @@
 import { Context, Data, type Effect, type Stream } from "effect"
+import type * as Wire from "../wire/ChatSchemas.js"
 
+// The message and tool types are derived from the schemas that validate the client's request
+// (src/wire/ChatSchemas.ts), so what is validated is what adapters receive, without casts.
+export type ContentPart = typeof Wire.ContentPart.Type
+export type ToolCall = typeof Wire.ToolCall.Type
 /** A chat message as the gateway forwards it (the spec's Message shape, already validated). */
-export type ContentPart =
-  | { readonly type: "text"; readonly text: string }
-  | { readonly type: "image_url"; readonly image_url: { readonly url: string; readonly detail?: "auto" | "low" | "high" } }
-
-export interface ToolCall {
-  readonly id: string
-  readonly type: "function"
-  readonly function: { readonly name: string; readonly arguments: string }
-}
-
-export type Message =
-  | { readonly role: "system"; readonly content: string | ReadonlyArray<ContentPart> }
-  | { readonly role: "user"; readonly content: string | ReadonlyArray<ContentPart> }
-  | {
-    readonly role: "assistant"
-    readonly content: string | null
-    readonly tool_calls?: ReadonlyArray<ToolCall>
-    readonly reasoning?: string
-  }
-  | { readonly role: "tool"; readonly tool_call_id: string; readonly content: string }
-
-export interface ToolDefinition {
-  readonly type: "function"
-  readonly function: {
-    readonly name: string
-    readonly description?: string
-    readonly parameters?: Readonly<Record<string, unknown>>
-    readonly strict?: boolean
-  }
-}
-
-export type ToolChoice =
-  | "auto"
-  | "required"
-  | "none"
-  | { readonly type: "function"; readonly function: { readonly name: string } }
+export type Message = typeof Wire.Message.Type
+export type ToolDefinition = typeof Wire.ToolDefinition.Type
+export type ToolChoice = typeof Wire.ToolChoice.Type
+export type ReasoningEffort = typeof Wire.ReasoningEffort.Type
 
 /** What an adapter receives: only contract fields, `model` already mapped to the upstream id. */
 export interface UpstreamRequest {
@@ -48,7 +21,7 @@ export interface UpstreamRequest {
   readonly temperature?: number
   readonly top_p?: number
   readonly stop?: string | ReadonlyArray<string>
-  readonly reasoning_effort?: "none" | "low" | "high" | "max"
+  readonly reasoning_effort?: ReasoningEffort
   readonly tools?: ReadonlyArray<ToolDefinition>
   readonly tool_choice?: ToolChoice
   readonly parallel_tool_calls?: boolean

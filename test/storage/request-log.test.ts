@@ -13,6 +13,7 @@ import type { GatewayConfig } from "../../src/config/GatewayConfig.js"
 import { Settings } from "../../src/config/Live.js"
 import * as Sql from "../../src/store/Sql.js"
 import * as RequestLog from "../../src/telemetry/RequestLog.js"
+import type { RequestRow } from "../../src/telemetry/RequestRow.js"
 import { freshDatabase } from "../support/Db.js"
 import { serviceGate } from "../support/Services.js"
 import { backends, settingsFor, type StoreServices } from "./backends.js"
@@ -26,7 +27,7 @@ const quiet = (batch_size = 500) => (config: GatewayConfig): GatewayConfig => ({
 })
 
 let seq = 0
-const row = (id: number, extra: Partial<RequestLog.RequestRow> = {}): RequestLog.RequestRow => ({
+const row = (id: number, extra: Partial<RequestRow> = {}): RequestRow => ({
   id,
   request_id: `req_${++seq}`,
   account_id: "acc_test",

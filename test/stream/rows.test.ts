@@ -5,8 +5,8 @@
  */
 import { Effect } from "effect"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
-import { tokensPerSecond } from "../../src/inference/Chat.js"
 import { RequestLog } from "../../src/telemetry/RequestLog.js"
+import { tokensPerSecond } from "../../src/telemetry/RequestRow.js"
 import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { newUser } from "../accounts/support.js"
 import { authed, startGateway, type TestGateway } from "../support/Gateway.js"

@@ -1,0 +1,132 @@
+/**
+ * A chat request from its body to what is sent upstream: read the body, parse it under the depth guard, decode,
+ * check the model and its capability gates (tools, reasoning effort, images), measure the input against the
+ * model's limit and clamp `max_tokens`. What the request row needs is noted on the exchange as it is learnt.
+ */
+import { Effect, Result } from "effect"
+import type { HttpServerRequest } from "effect/http"
+import type { LimitsConfig, ModelConfig } from "../config/GatewayConfig.js"
+import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
+import { readBoundedText } from "../http/Body.js"
+import type { UpstreamRequest } from "../upstream/Upstream.js"
+import type { ReasoningEffort } from "../wire/ChatSchemas.js"
+import { type ChatRequest, decodeChatRequest } from "./ChatRequest.js"
+import type { Exchange } from "./Exchange.js"
+import { modelIdOfBody, readJsonBody } from "./JsonGuard.js"
+import { exceedsLimit, measure } from "./Tokens.js"
+
+/** A request ready for admission and dispatch. */
+export interface PreparedChat {
+  readonly model: ModelConfig
+  readonly upstream: UpstreamRequest
+}
+
+/** Parses a body no deeper than `maxDepth`, a large one on a turn of its own (see `readJsonBody`). */
+export const parseBody = (text: string, maxDepth: number): Effect.Effect<unknown, GatewayError> =>
+  readJsonBody(text, maxDepth)
+
+/** The row's `tool_choice`: the mode, or `function:<name>` (bounded). */
+export const toolChoiceLabel = (choice: ChatRequest["tool_choice"]): string | null =>
+  choice === undefined ? null : typeof choice === "string" ? choice : `function:${choice.function.name}`.slice(0, 80)
+
+/**
+ * The catalog model a request may use, with its reasoning effort as the model allows it, or the gate it fails:
+ * `model_not_found` (unknown, disabled, or a BYOK reference), `model_not_chat`, `tools_not_supported`,
+ * `invalid_reasoning_effort` (listing the allowed values).
+ */
+export const checkModel = (
+  req: ChatRequest,
+  model: ModelConfig | undefined
+): Result.Result<{ readonly model: ModelConfig; readonly effort: ReasoningEffort | undefined }, GatewayError> => {
+  if (model === undefined || model.disabled) {
+    return Result.fail(
+      req.model.startsWith("@")
+        ? fail("model_not_found", { message: InferenceMessages.byokModelUnavailable })
+        : fail("model_not_found")
+    )
+  }
+  if (!model.supports_chat) return Result.fail(fail("model_not_chat"))
+  if (req.tools !== undefined && req.tools.length > 0 && !model.supports_tools) {
+    return Result.fail(fail("tools_not_supported"))
+  }
+  let effort: ReasoningEffort | undefined
+  if (req.reasoning_effort !== undefined) {
+    const allowed = model.supports_reasoning ? model.reasoning_efforts : []
+    effort = allowed.find((e) => e === req.reasoning_effort)
+    if (effort === undefined) {
+      return Result.fail(fail("invalid_reasoning_effort", { message: InferenceMessages.reasoningEffortNotAllowed(allowed) }))
+    }
+  }
+  return Result.succeed({ model, effort })
+}
+
+/** What the adapter receives: contract fields only, `model` mapped to the upstream id. */
+export const upstreamRequest = (
+  req: ChatRequest,
+  model: ModelConfig,
+  effort: ReasoningEffort | undefined,
+  maxTokens: number
+): UpstreamRequest => {
+  const out: { -readonly [K in keyof UpstreamRequest]: UpstreamRequest[K] } = {
+    model: model.route.model,
+    messages: req.messages,
+    stream: req.stream === true,
+    max_tokens: maxTokens
+  }
+  if (req.temperature !== undefined) out.temperature = req.temperature
+  if (req.top_p !== undefined) out.top_p = req.top_p
+  if (req.stop !== undefined) out.stop = req.stop
+  if (effort !== undefined) out.reasoning_effort = effort
+  // The tool options only go with tools: OpenAI-compatible upstreams reject them alone.
+  if (req.tools !== undefined && req.tools.length > 0) {
+    out.tools = req.tools
+    if (req.tool_choice !== undefined) out.tool_choice = req.tool_choice
+    if (req.parallel_tool_calls !== undefined) out.parallel_tool_calls = req.parallel_tool_calls
+  }
+  return out
+}
+
+/** After decoding: the gates, the size check and `max_tokens`; the rest of `prepareChat`. */
+const prepareDecoded = (
+  exchange: Exchange,
+  req: ChatRequest,
+  model: ModelConfig | undefined
+): Effect.Effect<PreparedChat, GatewayError> => {
+  exchange.describe({
+    stream: req.stream === true,
+    hadTools: (req.tools?.length ?? 0) > 0,
+    toolChoice: toolChoiceLabel(req.tool_choice)
+  })
+  const checked = checkModel(req, model)
+  if (Result.isFailure(checked)) return Effect.fail(checked.failure)
+  const m = checked.success.model
+  exchange.resolveModel(m.id)
+  const size = measure(req.messages, req.tools)
+  if (size.images > 0 && !m.supports_images) return Effect.fail(fail("images_not_supported"))
+  return Effect.flatMap(exceedsLimit(size, m.max_input_tokens), ({ exceeds, tokens }) => {
+    if (exceeds) {
+      return Effect.fail(fail("input_too_long", { message: InferenceMessages.inputTooLong(m.max_input_tokens, tokens) }))
+    }
+    exchange.setEstimatedInput(tokens)
+    const maxTokens = Math.min(req.max_tokens ?? m.max_output_tokens, m.max_output_tokens)
+    return Effect.succeed({ model: m, upstream: upstreamRequest(req, m, checked.success.effort, maxTokens) })
+  })
+}
+
+/**
+ * Reads and checks a chat request (after authentication and the account gates), noting on the exchange what
+ * its row records. `models` is the live catalog by id.
+ */
+export const prepareChat = (
+  request: HttpServerRequest.HttpServerRequest,
+  exchange: Exchange,
+  limits: LimitsConfig,
+  models: ReadonlyMap<string, ModelConfig>
+): Effect.Effect<PreparedChat, GatewayError> =>
+  Effect.flatMap(readBoundedText(request, limits.body_bytes), (text) =>
+    Effect.flatMap(parseBody(text, limits.json_depth), (body) => {
+      exchange.requestedModel(modelIdOfBody(body))
+      const decoded = decodeChatRequest(body, limits)
+      if (Result.isFailure(decoded)) return Effect.fail(decoded.failure)
+      return prepareDecoded(exchange, decoded.success, models.get(decoded.success.model))
+    }))

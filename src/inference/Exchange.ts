@@ -1,0 +1,284 @@
+/**
+ * One inference request's lifecycle (chat completions, embeddings): opened in the request's scope, it holds
+ * what the request accumulates (model, sizes, timings, delivered output, usage, the admission ticket) and ends
+ * with exactly one completion -- success, failed or cancelled -- that settles or refunds the ticket, releases
+ * its slot and records the request row. State changes only through its methods; whoever completes first wins,
+ * later completions are no-ops.
+ */
+import { Cause, Clock, type Context, Effect, Exit, Scope } from "effect"
+import { HttpServerResponse } from "effect/http"
+import type { Caller } from "../auth/Auth.js"
+import { fail, type GatewayError } from "../errors/Catalog.js"
+import { renderInference } from "../errors/Render.js"
+import { recordFailure } from "../http/FailedRequests.js"
+import { currentRequestId, defectCode } from "../http/Respond.js"
+import type { Admission, AdmitInput, Standing, Ticket } from "../quota/Admission.js"
+import type { RequestLog } from "../telemetry/RequestLog.js"
+import { type Completion, requestRow, type RowSource, tokensPerSecond } from "../telemetry/RequestRow.js"
+import type { Usage } from "../upstream/Upstream.js"
+import { UNKNOWN_MODEL_ID } from "./JsonGuard.js"
+import { isUpstreamFailure } from "./UpstreamErrors.js"
+
+/** Streams measured from first event to end over less than this (one burst) measure tps from dispatch. */
+export const MIN_STREAM_SPAN_MS = 50
+
+/** What a successful completion settled: the standing after the charge and the weighted cost. */
+export type Settled = { readonly standing: Standing; readonly weighted: number } | null
+
+const SUCCESS: Completion = { status: "success" }
+const CANCELLED: Completion = { status: "cancelled" }
+
+type Log = Context.Service.Shape<typeof RequestLog>
+
+export class Exchange implements RowSource {
+  readonly startedAt = performance.now()
+
+  #modelId = UNKNOWN_MODEL_ID
+  #stream = false
+  #hadTools = false
+  #toolChoice: string | null = null
+  #provider: string | null = null
+  #estimatedInput = 0
+  #ticket: Ticket | null = null
+  #ttfbMs: number | null = null
+  /** When the upstream request was sent, and when its first event came (performance.now()). */
+  #dispatchedAt: number | null = null
+  #firstEventAt: number | null = null
+  #deliveredChars = 0
+  #usage: Usage | null = null
+  /** Set once, by the first completion. */
+  #completed = false
+  #endedAt = 0
+  #counted: Usage | null = null
+  #weighted = 0
+
+  private constructor(
+    readonly caller: Caller,
+    readonly rowId: number,
+    readonly requestId: string,
+    readonly createdAt: Date,
+    /** Owns the admission ticket (its slot); closed by the completion. */
+    readonly scope: Scope.Closeable,
+    private readonly log: Log
+  ) {}
+
+  /**
+   * Opens the exchange of an authenticated request: allocates its row id and registers, on the request's
+   * scope (which closes after the response is written), the backstop that completes it as cancelled.
+   */
+  static open(caller: Caller, log: Log): Effect.Effect<Exchange, never, Scope.Scope> {
+    return Effect.gen(function*() {
+      const rowId = yield* log.nextId
+      const requestId = yield* currentRequestId
+      const now = yield* Clock.currentTimeMillis
+      const scope = yield* Scope.make()
+      const exchange = new Exchange(caller, rowId, requestId, new Date(now), scope, log)
+      yield* Effect.addFinalizer(() => exchange.cancel())
+      return exchange
+    })
+  }
+
+  // ----- what the row and the answer read
+
+  get accountId(): string {
+    return this.caller.account.id
+  }
+  get keyId(): number | null {
+    return this.caller.key?.id ?? null
+  }
+  get modelId(): string {
+    return this.#modelId
+  }
+  get stream(): boolean {
+    return this.#stream
+  }
+  get hadTools(): boolean {
+    return this.#hadTools
+  }
+  get toolChoice(): string | null {
+    return this.#toolChoice
+  }
+  get provider(): string | null {
+    return this.#provider
+  }
+  get estimatedInput(): number {
+    return this.#estimatedInput
+  }
+  get ttfbMs(): number | null {
+    return this.#ttfbMs
+  }
+  /** The admission ticket, once admitted. */
+  get ticket(): Ticket | null {
+    return this.#ticket
+  }
+  /** Tokens recorded on the row (set by the completion): null when nothing was delivered. */
+  get counted(): Usage | null {
+    return this.#counted
+  }
+  get weighted(): number {
+    return this.#weighted
+  }
+  get durationMs(): number {
+    return Math.max(0, Math.round(this.#endedAt - this.startedAt))
+  }
+  get tps(): number {
+    const counted = this.#counted
+    return counted ? tokensPerSecond(counted.completion_tokens, this.generationMs(this.#endedAt)) : 0
+  }
+
+  // ----- state changes
+
+  /** The body's bounded `model`, recorded while the request has not resolved it to a catalog model. */
+  requestedModel(modelId: string): void {
+    this.#modelId = modelId
+  }
+
+  /** The catalog model the request resolved to. */
+  resolveModel(modelId: string): void {
+    this.#modelId = modelId
+  }
+
+  /** The provider the request is sent to (recorded once every check before admission passed). */
+  routeTo(provider: string): void {
+    this.#provider = provider
+  }
+
+  describe(request: { readonly stream: boolean; readonly hadTools: boolean; readonly toolChoice: string | null }): void {
+    this.#stream = request.stream
+    this.#hadTools = request.hadTools
+    this.#toolChoice = request.toolChoice
+  }
+
+  /** The input estimate that admission reserves, and that is charged when the upstream reports no usage. */
+  setEstimatedInput(tokens: number): void {
+    this.#estimatedInput = tokens
+  }
+
+  markDispatched(): void {
+    this.#dispatchedAt = performance.now()
+  }
+
+  markFirstByte(): void {
+    if (this.#ttfbMs === null) this.#ttfbMs = Math.round(performance.now() - this.startedAt)
+  }
+
+  markFirstEvent(): void {
+    if (this.#firstEventAt === null) this.#firstEventAt = performance.now()
+    this.markFirstByte()
+  }
+
+  /** Characters of output handed to the client (content, reasoning, tool arguments). */
+  addDelivered(chars: number): void {
+    this.#deliveredChars += chars
+  }
+
+  /** The upstream's usage figures (what is charged). */
+  setUsage(usage: Usage): void {
+    this.#usage = usage
+  }
+
+  /** Milliseconds of upstream generation up to `now` (see `tokensPerSecond`); null if never dispatched. */
+  generationMs(now: number): number | null {
+    const first = this.#firstEventAt
+    const from = this.#stream && first !== null && now - first >= MIN_STREAM_SPAN_MS ? first : this.#dispatchedAt
+    return from === null ? null : now - from
+  }
+
+  /** Usage to charge: the upstream's figures, else an estimate of what was delivered. */
+  chargeable(): Usage {
+    return this.#usage ?? {
+      prompt_tokens: this.#estimatedInput,
+      completion_tokens: Math.ceil(this.#deliveredChars / 4),
+      reasoning_tokens: 0,
+      cached_tokens: 0
+    }
+  }
+
+  /** Reserves through admission; the ticket (and its slot) lives in this exchange's scope. */
+  admit(admission: Context.Service.Shape<typeof Admission>, input: AdmitInput): Effect.Effect<Ticket, GatewayError> {
+    return Effect.map(Scope.provide(admission.admit(input), this.scope), (ticket) => (this.#ticket = ticket))
+  }
+
+  // ----- the one completion
+
+  /** Completes as a success: settles the ticket for what was used; the settlement (for the receipt) or null. */
+  succeed(): Effect.Effect<Settled> {
+    return this.complete(SUCCESS)
+  }
+
+  fail(error: GatewayError): Effect.Effect<Settled> {
+    return this.complete({ status: "failed", error })
+  }
+
+  /** The client went away (or the response was dropped) before a completion. */
+  cancel(): Effect.Effect<Settled> {
+    return this.complete(CANCELLED)
+  }
+
+  /**
+   * Settles the ticket (charged when anything was delivered, else refunded), records the row and closes the
+   * exchange's scope (releasing the slot). Only the first call has an effect; later ones return null.
+   */
+  private complete(completion: Completion): Effect.Effect<Settled> {
+    return Effect.suspend(() => {
+      if (this.#completed) return Effect.succeed(null)
+      this.#completed = true
+      const usage = this.chargeable()
+      const delivered = completion.status === "success" || this.#deliveredChars > 0 || this.#usage !== null
+      const ticket = this.#ticket
+      const settle: Effect.Effect<Settled> = ticket === null
+        ? Effect.succeed(null)
+        : delivered
+        ? ticket.settle({ inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens })
+        : Effect.as(ticket.refund, null)
+      const error = completion.status === "failed" ? completion.error : undefined
+      // The row's `error` is shown to the account (`recentRequests`): a server-side failure records its code and
+      // status only; its detail (upstream answer text, addresses) goes to the log, as `detail` is meant to.
+      // So is an upstream's refusal text (4xx), whatever its status.
+      const detailIsPrivate = error !== undefined && error.detail !== undefined &&
+        (error.status >= 500 || isUpstreamFailure(error))
+      return (detailIsPrivate ? Effect.logWarning("request failed", error.detail) : Effect.void).pipe(
+        Effect.andThen(settle),
+        Effect.map((settled) => {
+          this.#endedAt = performance.now()
+          this.#counted = delivered ? usage : null
+          this.#weighted = settled?.weighted ?? 0
+          this.log.record(requestRow(this, completion, detailIsPrivate))
+          return settled
+        }),
+        Effect.ensuring(Scope.close(this.scope, Exit.void))
+      )
+    })
+  }
+}
+
+/** What a failed request's row records: its GatewayError, `internal_error` for a defect, null when interrupted. */
+const failureOf = (cause: Cause.Cause<GatewayError>): GatewayError | null => {
+  const failure = Cause.findErrorOption(cause)
+  if (failure._tag === "Some") return failure.value
+  if (Cause.hasInterruptsOnly(cause)) return null
+  // The defect itself is logged by `handle`; the row records the code it answered with.
+  return fail(defectCode(cause))
+}
+
+const renderWithRow = (error: GatewayError, rowId: number) =>
+  HttpServerResponse.setHeader(renderInference(error), "x-request-id", String(rowId))
+
+/**
+ * Runs a request's work so that its exchange always completes: an error (or a defect, rendered by `handle`
+ * as 500 internal_error) completes it as failed, an interruption as cancelled. Errors are rendered with the
+ * request row id.
+ */
+export const finishing = <R>(
+  exchange: Exchange,
+  run: Effect.Effect<HttpServerResponse.HttpServerResponse, GatewayError, R>
+) =>
+  run.pipe(
+    Effect.tapCause((cause) => {
+      const error = failureOf(cause)
+      return error ? exchange.fail(error) : Effect.void
+    }),
+    Effect.onInterrupt(() => exchange.cancel()),
+    Effect.tapError((error) => recordFailure(exchange.caller, error)),
+    Effect.catch((error) => Effect.succeed(renderWithRow(error, exchange.rowId)))
+  )

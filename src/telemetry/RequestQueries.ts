@@ -1,0 +1,329 @@
+/**
+ * Every read of `request_log` (the layout is in RequestRow.ts): the account's metrics and recent requests, the
+ * per-model usage of a quota window, the snapshot's figures and the leaderboard's day totals. Each returns the
+ * rows as the database gives them; the account and inference modules shape the responses. Infrastructure
+ * failures are defects (rendered 503 when the store is down).
+ *
+ * Every per-account query filters on `account_id` (and `created_at`), served by the (account_id, created_at)
+ * index; only the leaderboard aggregates every account, and it is cached (accounts/Leaderboard.ts).
+ */
+import { Effect } from "effect"
+import { SqlClient, type Statement } from "effect/sql"
+import type { PoolStanding } from "../quota/Admission.js"
+
+// ---------------------------------------------------------------------------------------------
+// Per-model usage of a quota window (`/v1/usage`, the snapshot's `plan`)
+
+export interface ModelShare {
+  readonly model_id: string
+  readonly request_count: number
+  readonly weighted: number
+  readonly pct_of_total: number
+}
+
+/**
+ * A request row is stamped when the request arrives; the window it opens starts at admission, a little
+ * later. Rows this close before a window start belong to it.
+ */
+export const WINDOW_SLACK_MS = 5_000
+
+/** Earliest row time counted in the window a pool standing describes, or null while inactive. */
+export const windowStart = (pool: PoolStanding, lengthMs: number): number | null => {
+  const start = pool.anchor_at != null ? pool.anchor_at : pool.resets_at === null ? null : pool.resets_at - lengthMs
+  return start === null ? null : start - WINDOW_SLACK_MS
+}
+
+/** Successful requests per model since `since`, with each model's share of the weighted total. */
+export const usageByModel = (
+  accountId: string,
+  since: number | null
+): Effect.Effect<Array<ModelShare>, never, SqlClient.SqlClient> =>
+  Effect.gen(function*() {
+    if (since === null) return [] as Array<ModelShare>
+    const sql = yield* SqlClient.SqlClient
+    const rows = yield* sql<{ model_id: string; request_count: number; weighted: number }>`
+      SELECT model_id, count(*)::int AS request_count, coalesce(sum(weighted_cost), 0)::float8 AS weighted
+      FROM request_log
+      WHERE account_id = ${accountId} AND status = 'success' AND created_at >= ${new Date(since)}
+      GROUP BY model_id ORDER BY weighted DESC, model_id`
+    const total = rows.reduce((sum, r) => sum + r.weighted, 0)
+    return rows.map((r) => ({
+      model_id: r.model_id,
+      request_count: r.request_count,
+      weighted: r.weighted,
+      pct_of_total: total > 0 ? Math.round((r.weighted / total) * 10000) / 100 : 0
+    }))
+  }).pipe(Effect.orDie)
+
+// ---------------------------------------------------------------------------------------------
+// `GET /api/user/me/metrics`
+
+/** Rows of `tools.choices`, and the longest choice text returned. */
+export const TOOL_CHOICES_TOP = 10
+export const TOOL_CHOICE_MAX_CHARS = 64
+/** Rows of `by_model` and `byok.by_provider`. */
+export const GROUPS_MAX = 50
+
+/** Error tiers of `errors.by_code[].tier` and `errors.by_tier`. */
+export const TIERS = ["client", "limit", "server"] as const
+export type Tier = (typeof TIERS)[number]
+
+export interface TotalsRow {
+  readonly requests: number
+  readonly success: number
+  readonly errors: number
+  readonly cancelled: number
+  readonly input_tokens: number
+  readonly output_tokens: number
+  readonly reasoning_tokens: number
+  readonly cached_tokens: number
+  readonly with_tools: number
+  readonly ttfb_p50: number | null
+  readonly ttfb_p95: number | null
+  readonly duration_p50: number | null
+  readonly duration_p95: number | null
+  readonly tps_avg: number | null
+  readonly tps_p50: number | null
+  readonly tps_max: number | null
+  readonly byok_requests: number
+  readonly byok_success: number
+  readonly byok_errors: number
+  readonly byok_fell_back: number
+  readonly byok_input_tokens: number
+  readonly byok_output_tokens: number
+}
+
+export interface CodeRow {
+  readonly code: string
+  readonly tier: Tier
+  readonly count: number
+}
+
+export interface ChoiceRow {
+  readonly choice: string
+  readonly count: number
+}
+
+export interface GroupRow {
+  readonly name: string
+  readonly requests: number
+  readonly success: number
+  readonly errors: number
+  readonly input_tokens: number
+  readonly output_tokens: number
+}
+
+export interface BucketRow {
+  readonly bucket: number
+  readonly requests: number
+  readonly success: number
+  readonly errors: number
+  readonly input_tokens: number
+  readonly output_tokens: number
+}
+
+export interface MetricsRows {
+  readonly totals: TotalsRow
+  readonly codes: ReadonlyArray<CodeRow>
+  readonly choices: ReadonlyArray<ChoiceRow>
+  readonly models: ReadonlyArray<GroupRow>
+  readonly providers: ReadonlyArray<GroupRow>
+  /** Non-empty buckets only, `bucket` being the bucket's start in epoch seconds. */
+  readonly buckets: ReadonlyArray<BucketRow>
+}
+
+/**
+ * The metrics aggregates over the account's rows in `[since, until]`, optionally of one model, bucketed by
+ * `bucketSeconds` for the series. Every figure is computed in SQL.
+ */
+export const metricsRows = (
+  accountId: string,
+  since: Date,
+  until: Date,
+  model: string | null,
+  bucketSeconds: number
+): Effect.Effect<MetricsRows, never, SqlClient.SqlClient> =>
+  Effect.gen(function*() {
+    const sql = yield* SqlClient.SqlClient
+    // One filter for every query below.
+    const scope = sql`account_id = ${accountId} AND created_at >= ${since} AND created_at <= ${until}
+      AND (${model}::text IS NULL OR model_id = ${model}::text)`
+    const tier = sql`CASE WHEN http_status IN (429, 529) THEN 'limit' WHEN http_status >= 500 THEN 'server' ELSE 'client' END`
+
+    const [totals] = yield* sql<TotalsRow>`
+      SELECT
+        count(*) AS requests,
+        count(*) FILTER (WHERE status = 'success') AS success,
+        count(*) FILTER (WHERE status = 'error') AS errors,
+        count(*) FILTER (WHERE status = 'cancelled') AS cancelled,
+        coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+        coalesce(sum(output_tokens), 0)::bigint AS output_tokens,
+        coalesce(sum(reasoning_tokens), 0)::bigint AS reasoning_tokens,
+        coalesce(sum(prompt_cached_tokens), 0)::bigint AS cached_tokens,
+        count(*) FILTER (WHERE had_tools) AS with_tools,
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY ttfb_ms) FILTER (WHERE status = 'success') AS ttfb_p50,
+        percentile_cont(0.95) WITHIN GROUP (ORDER BY ttfb_ms) FILTER (WHERE status = 'success') AS ttfb_p95,
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms) FILTER (WHERE status = 'success') AS duration_p50,
+        percentile_cont(0.95) WITHIN GROUP (ORDER BY duration_ms) FILTER (WHERE status = 'success') AS duration_p95,
+        avg(tps) FILTER (WHERE status = 'success' AND tps > 0) AS tps_avg,
+        percentile_cont(0.5) WITHIN GROUP (ORDER BY tps) FILTER (WHERE status = 'success' AND tps > 0) AS tps_p50,
+        max(tps) FILTER (WHERE status = 'success' AND tps > 0) AS tps_max,
+        count(*) FILTER (WHERE byok) AS byok_requests,
+        count(*) FILTER (WHERE byok AND status = 'success') AS byok_success,
+        count(*) FILTER (WHERE byok AND status <> 'success') AS byok_errors,
+        count(*) FILTER (WHERE byok AND fell_back) AS byok_fell_back,
+        coalesce(sum(input_tokens) FILTER (WHERE byok), 0)::bigint AS byok_input_tokens,
+        coalesce(sum(output_tokens) FILTER (WHERE byok), 0)::bigint AS byok_output_tokens
+      FROM request_log WHERE ${scope}`
+
+    // A cancelled row's error_code is `cancelled` (as `/requests` shows it); rows written before it was null.
+    const codes = yield* sql<CodeRow>`
+      SELECT coalesce(error_code, CASE WHEN status = 'cancelled' THEN 'cancelled' ELSE 'unknown' END) AS code,
+        ${tier} AS tier, count(*) AS count
+      FROM request_log WHERE ${scope} AND status <> 'success'
+      GROUP BY 1, 2 ORDER BY count DESC, code, tier`
+
+    const choices = yield* sql<ChoiceRow>`
+      SELECT left(coalesce(tool_choice, 'unset'), ${TOOL_CHOICE_MAX_CHARS}::int) AS choice, count(*) AS count
+      FROM request_log WHERE ${scope} AND had_tools
+      GROUP BY 1 ORDER BY count DESC, choice LIMIT ${TOOL_CHOICES_TOP}::int`
+
+    const group = (column: "model_id" | "provider", where: Statement.Fragment) =>
+      sql<GroupRow>`
+        SELECT coalesce(${sql(column)}, 'unknown') AS name, count(*) AS requests,
+          count(*) FILTER (WHERE status = 'success') AS success,
+          count(*) FILTER (WHERE status <> 'success') AS errors,
+          coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+          coalesce(sum(output_tokens), 0)::bigint AS output_tokens
+        FROM request_log WHERE ${scope} AND ${where}
+        GROUP BY 1 ORDER BY requests DESC, name LIMIT ${GROUPS_MAX}::int`
+    const models = yield* group("model_id", sql`TRUE`)
+    const providers = yield* group("provider", sql`byok`)
+
+    const buckets = yield* sql<BucketRow>`
+      SELECT (floor(extract(epoch FROM created_at) / ${bucketSeconds}::int) * ${bucketSeconds}::int)::bigint AS bucket,
+        count(*) AS requests,
+        count(*) FILTER (WHERE status = 'success') AS success,
+        count(*) FILTER (WHERE status <> 'success') AS errors,
+        coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+        coalesce(sum(output_tokens), 0)::bigint AS output_tokens
+      FROM request_log WHERE ${scope}
+      GROUP BY 1 ORDER BY 1`
+
+    return { totals: totals!, codes, choices, models, providers, buckets }
+  }).pipe(Effect.orDie)
+
+// ---------------------------------------------------------------------------------------------
+// `GET /api/user/me/requests`
+
+/** The spec's Request row, as stored (the view turns `created_at` into ISO text). */
+export interface RecentRequestRow {
+  readonly id: number
+  readonly created_at: Date
+  readonly model_id: string
+  readonly status: string
+  readonly error_code: string | null
+  readonly input_tokens: number
+  readonly output_tokens: number
+  readonly reasoning_tokens: number
+  readonly prompt_cached_tokens: number
+  readonly duration_ms: number
+  readonly tps: number
+  readonly had_tools: boolean
+  readonly byok: boolean
+  readonly fell_back: boolean
+}
+
+/** The account's newest rows first (no cursor). */
+export const recentRequestRows = (
+  accountId: string,
+  limit: number
+): Effect.Effect<ReadonlyArray<RecentRequestRow>, never, SqlClient.SqlClient> =>
+  Effect.gen(function*() {
+    const sql = yield* SqlClient.SqlClient
+    return yield* sql<RecentRequestRow>`
+      SELECT id, created_at, model_id, status, error_code, input_tokens, output_tokens, reasoning_tokens,
+        prompt_cached_tokens, duration_ms, tps, had_tools, byok, fell_back
+      FROM request_log WHERE account_id = ${accountId}
+      ORDER BY created_at DESC, id DESC LIMIT ${limit}::int`
+  }).pipe(Effect.orDie)
+
+// ---------------------------------------------------------------------------------------------
+// `GET /api/user/me` (the snapshot)
+
+export interface SnapshotRecentRow {
+  readonly id: number
+  readonly model_id: string
+  readonly status: string
+  readonly created_at: Date
+  readonly input_tokens: number
+  readonly output_tokens: number
+  readonly tps: number
+  readonly error: string | null
+}
+
+export interface ModelDayRow {
+  readonly model_id: string
+  readonly requests: number
+  readonly successes: number
+  readonly input_tokens: number
+  readonly output_tokens: number
+}
+
+export interface TodaySelfRow {
+  readonly tokens: number
+  readonly requests: number
+  readonly attempted: number
+}
+
+export interface SnapshotRows {
+  readonly recent: ReadonlyArray<SnapshotRecentRow>
+  /** Per model over the last 24 hours (since `dayAgo`). */
+  readonly models: ReadonlyArray<ModelDayRow>
+  /** The account's own figures of the leaderboard day (since `dayStart`). */
+  readonly self: TodaySelfRow
+}
+
+/** The snapshot's own figures of one account: its `recent` newest rows, its last day per model, its today. */
+export const snapshotRows = (
+  accountId: string,
+  recent: number,
+  dayAgo: Date,
+  dayStart: Date
+): Effect.Effect<SnapshotRows, never, SqlClient.SqlClient> =>
+  Effect.gen(function*() {
+    const sql = yield* SqlClient.SqlClient
+    const rows = yield* sql<SnapshotRecentRow>`
+      SELECT id, model_id, status, created_at, input_tokens, output_tokens, tps, error
+      FROM request_log WHERE account_id = ${accountId}
+      ORDER BY created_at DESC, id DESC LIMIT ${recent}`
+    const models = yield* sql<ModelDayRow>`
+      SELECT model_id, count(*)::int AS requests,
+        count(*) FILTER (WHERE status = 'success')::int AS successes,
+        coalesce(sum(input_tokens), 0)::bigint AS input_tokens,
+        coalesce(sum(output_tokens), 0)::bigint AS output_tokens
+      FROM request_log WHERE account_id = ${accountId} AND created_at >= ${dayAgo}
+      GROUP BY model_id ORDER BY requests DESC, model_id`
+    const self = yield* sql<TodaySelfRow>`
+      SELECT coalesce(sum(input_tokens::bigint + output_tokens), 0)::bigint AS tokens,
+        count(*) FILTER (WHERE status = 'success')::int AS requests,
+        count(*)::int AS attempted
+      FROM request_log WHERE account_id = ${accountId} AND created_at >= ${dayStart}`
+    return { recent: rows, models, self: self[0]! }
+  }).pipe(Effect.orDie)
+
+// ---------------------------------------------------------------------------------------------
+// The leaderboard
+
+/** Today's token totals (input + output) of every non-guest account with any, largest first. */
+export const leaderboardTotals = (sql: SqlClient.SqlClient, dayStart: Date): Effect.Effect<Float64Array> =>
+  sql<{ tokens: number }>`
+    SELECT sum(r.input_tokens::bigint + r.output_tokens)::bigint AS tokens
+    FROM request_log r JOIN accounts a ON a.id = r.account_id
+    WHERE r.created_at >= ${dayStart} AND NOT a.is_guest
+    GROUP BY r.account_id
+    HAVING sum(r.input_tokens::bigint + r.output_tokens) > 0
+    ORDER BY tokens DESC`.pipe(
+    Effect.map((rows) => Float64Array.from(rows, (row) => Number(row.tokens))),
+    Effect.orDie
+  )
