@@ -311,7 +311,7 @@ const opensslAvailable = (() => {
 describe.skipIf(!opensslAvailable)("https through a checked address (certificate checked against the name)", () => {
   let port = 0
   let cert = ""
-  const seenServernames: Array<string | false> = []
+  const seenServernames: Array<string | false | null> = []
   beforeAll(async () => {
     const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-guard-tls-"))
     try {
