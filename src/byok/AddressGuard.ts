@@ -339,8 +339,13 @@ export interface GuardRequest {
   readonly headers?: Record<string, string>
   readonly body?: string
   readonly signal?: AbortSignal
-  /** True for URLs the gateway assembled from operator data plus a user part (always checked anyway). */
+  /** Admit a query string (request URLs carry one, e.g. Azure's `api-version`; base URLs do not). */
   readonly allowQuery?: boolean
+  /**
+   * Operator data (a provider's configured origin, never a user URL): no scheme or address checks, sent through
+   * `trustedDispatcher`. Redirects are still refused.
+   */
+  readonly trusted?: boolean
 }
 
 export type GuardedResult =
@@ -360,6 +365,8 @@ export interface AddressGuard {
   readonly connector: buildConnector.connector
   /** An undici Agent whose every connection goes through `connector`. Never follows redirects. */
   readonly dispatcher: Dispatcher
+  /** An Agent without address checks, for operator-configured origins only. Never follows redirects. */
+  readonly trustedDispatcher: Dispatcher
   /**
    * One request: static check, then the guarded transport. A 3xx answer is a `redirect` refusal (its body is
    * discarded). Transport errors (timeouts, resets, DNS failures) reject the promise as they are.
@@ -427,6 +434,11 @@ export const makeAddressGuard = (options: GuardOptions = {}): AddressGuard => {
     connections: options.connections ?? 16,
     keepAliveTimeout: 10_000
   })
+  const trustedDispatcher = new Agent({
+    connect: plain,
+    connections: options.connections ?? 16,
+    keepAliveTimeout: 10_000
+  })
 
   const check = (url: unknown, checkOptions: { readonly allowQuery?: boolean } = {}) => checkUrl(policy, url, checkOptions)
 
@@ -444,12 +456,22 @@ export const makeAddressGuard = (options: GuardOptions = {}): AddressGuard => {
   }
 
   const request = async (req: GuardRequest): Promise<GuardedResult> => {
-    const result = check(req.url, { allowQuery: req.allowQuery ?? true })
-    if (!result.ok) return result
+    let url: URL
+    if (req.trusted === true) {
+      try {
+        url = new URL(req.url)
+      } catch {
+        return { ok: false, refusal: refusal("invalid_url", "unparseable") }
+      }
+    } else {
+      const result = check(req.url, { allowQuery: req.allowQuery ?? true })
+      if (!result.ok) return result
+      url = result.url
+    }
     try {
-      const response = await dispatcher.request({
-        origin: result.url.origin,
-        path: result.url.pathname + result.url.search,
+      const response = await (req.trusted === true ? trustedDispatcher : dispatcher).request({
+        origin: url.origin,
+        path: url.pathname + url.search,
         method: req.method ?? "GET",
         headers: req.headers ?? {},
         body: req.body ?? null,
@@ -473,7 +495,8 @@ export const makeAddressGuard = (options: GuardOptions = {}): AddressGuard => {
     preflight,
     connector,
     dispatcher,
+    trustedDispatcher,
     request,
-    close: () => dispatcher.close()
+    close: () => Promise.all([dispatcher.close(), trustedDispatcher.close()]).then(() => undefined)
   }
 }

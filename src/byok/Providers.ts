@@ -63,8 +63,12 @@ export interface ProviderDef {
   readonly baseUrl: string | null
   /** Base URLs per `meta.region` value. */
   readonly regions: Readonly<Record<string, string>>
-  /** True when the operator replaced the base URL or a region URL (their origins are trusted). */
-  readonly overridden: boolean
+  /**
+   * Origins of the operator's own base URL and region overrides (those whose origin has no placeholder). URLs of
+   * this provider on these origins are operator data: sent without the address checks (test fakes, an internal
+   * proxy). A user-supplied URL on the same origin gets no such trust.
+   */
+  readonly operatorOrigins: ReadonlyArray<string>
   readonly meta: ReadonlyArray<MetaField>
   /** Headers sent on every request (not secret). */
   readonly staticHeaders: Readonly<Record<string, string>>
@@ -92,7 +96,7 @@ const BUILT_IN: ReadonlyArray<ProviderDef> = [
     baseUrl: "https://api.openai.com/v1",
     // Data-residency endpoints (the `region` of the credential).
     regions: { us: "https://us.api.openai.com/v1", eu: "https://eu.api.openai.com/v1" },
-    overridden: false,
+    operatorOrigins: [],
     meta: [
       {
         name: "organization_id",
@@ -126,7 +130,7 @@ const BUILT_IN: ReadonlyArray<ProviderDef> = [
     schemes: [ANTHROPIC_KEY],
     baseUrl: "https://api.anthropic.com/v1",
     regions: {},
-    overridden: false,
+    operatorOrigins: [],
     meta: [],
     staticHeaders: { "anthropic-version": "2023-06-01" },
     probePath: "/models?limit=1000",
@@ -142,7 +146,7 @@ const BUILT_IN: ReadonlyArray<ProviderDef> = [
     schemes: [BEARER],
     baseUrl: "https://openrouter.ai/api/v1",
     regions: {},
-    overridden: false,
+    operatorOrigins: [],
     meta: [],
     staticHeaders: {},
     // OpenRouter lists models without a key: the probe asks about the key itself.
@@ -159,7 +163,7 @@ const BUILT_IN: ReadonlyArray<ProviderDef> = [
     schemes: [BEARER],
     baseUrl: "https://generativelanguage.googleapis.com/v1beta/openai",
     regions: {},
-    overridden: false,
+    operatorOrigins: [],
     meta: [],
     staticHeaders: {},
     probePath: "/models",
@@ -175,7 +179,7 @@ const BUILT_IN: ReadonlyArray<ProviderDef> = [
     schemes: [AZURE_API_KEY, BEARER],
     baseUrl: "https://{resource}.openai.azure.com/openai",
     regions: {},
-    overridden: false,
+    operatorOrigins: [],
     meta: [
       {
         name: "resource",
@@ -210,7 +214,7 @@ const BUILT_IN: ReadonlyArray<ProviderDef> = [
     schemes: [BEARER],
     baseUrl: null,
     regions: {},
-    overridden: false,
+    operatorOrigins: [],
     meta: [
       { name: "base_url", required: true, maxLength: 2048, pattern: /^https?:\/\/\S+$/i, use: { kind: "base_url" } }
     ],
@@ -227,11 +231,6 @@ export interface ProviderCatalog {
   /** Enabled providers, in display order. */
   readonly providers: ReadonlyArray<ProviderDef>
   readonly byId: ReadonlyMap<string, ProviderDef>
-  /**
-   * Origins the operator configured (base URL and region overrides whose origin has no placeholder): trusted,
-   * they join the guard's allow-list.
-   */
-  readonly trustedOrigins: ReadonlyArray<string>
   readonly maxPerProvider: number
 }
 
@@ -242,8 +241,8 @@ const originOfTemplate = (template: string): string | null => {
 
 export const makeProviderCatalog = (config: ByokConfig): ProviderCatalog => {
   const providers: Array<ProviderDef> = []
-  const trusted = new Set<string>()
   for (const def of BUILT_IN) {
+    const trusted = new Set<string>()
     const override = config.providers[def.id]
     if (override?.enabled === false) continue
     const baseUrl = override?.base_url === undefined || def.baseUrl === null ? def.baseUrl : trimSlash(override.base_url)
@@ -253,7 +252,6 @@ export const makeProviderCatalog = (config: ByokConfig): ProviderCatalog => {
       : override?.base_url !== undefined
       ? {}
       : def.regions
-    const overridden = (override?.base_url !== undefined && def.baseUrl !== null) || override?.regions !== undefined
     if (override?.base_url !== undefined && def.baseUrl !== null) {
       const origin = originOfTemplate(baseUrl!)
       if (origin !== null) trusted.add(origin)
@@ -262,14 +260,21 @@ export const makeProviderCatalog = (config: ByokConfig): ProviderCatalog => {
       const origin = originOfTemplate(url)
       if (origin !== null) trusted.add(origin)
     }
-    providers.push({ ...def, baseUrl, regions, overridden })
+    // The custom provider's URL is always the user's: nothing of it is operator data.
+    providers.push({ ...def, baseUrl, regions, operatorOrigins: def.baseUrl === null ? [] : [...trusted] })
   }
   return {
     providers,
     byId: new Map(providers.map((p) => [p.id, p])),
-    trustedOrigins: [...trusted],
     maxPerProvider: config.max_per_provider
   }
+}
+
+/** True when `url` is on one of the provider's operator-configured origins (see `operatorOrigins`). */
+export const isOperatorUrl = (provider: ProviderDef, url: string): boolean => {
+  if (provider.operatorOrigins.length === 0) return false
+  const origin = normalizeOrigin(url)
+  return origin !== null && provider.operatorOrigins.includes(origin)
 }
 
 const trimSlash = (url: string): string => url.replace(/\/+$/, "")

@@ -291,6 +291,19 @@ describe("redirects and allow-listed http origins (real servers on 127.0.0.1)", 
     expect(hits - before).toBe(1)
   })
 
+  it("operator data (trusted) skips the checks without an allow-list entry; redirects are still refused", async () => {
+    const g = guard()
+    const ok = await g.request({ url: `${origin}/ok`, trusted: true })
+    expect(ok.ok).toBe(true)
+    if (ok.ok) await ok.response.body.dump()
+    const redirected = await g.request({ url: `${origin}/to-local`, trusted: true })
+    expect(redirected.ok ? null : redirected.refusal.kind).toBe("redirect")
+    expect(targetHits).toBe(0)
+    // The same URL as user input is refused.
+    const user = await g.request({ url: `${origin}/ok` })
+    expect(user.ok ? null : user.refusal.kind).toBe("insecure_scheme")
+  })
+
   it("a 302 to another reachable (allow-listed) server is not followed either", async () => {
     const g = guard({ allowlist: [origin, target] })
     const result = await g.request({ url: `${origin}/to-local` })

@@ -7,6 +7,7 @@ import { decodeByokConfig } from "../../src/byok/Config.js"
 import {
   derivedColumns,
   describeProviders,
+  isOperatorUrl,
   makeProviderCatalog,
   parseModelList,
   type ProviderDef,
@@ -89,17 +90,25 @@ describe("operator overrides", () => {
     expect(resolveBaseUrl(openai, { region: "eu" }).url).toBe("http://127.0.0.1:9001/v1")
     const azure = overridden.byId.get("azure")!
     expect(resolveBaseUrl(azure, { resource: "res1" })).toEqual({ url: "http://127.0.0.1:9002/res1/openai", userShaped: true })
+    expect(openai.operatorOrigins).toEqual(["http://127.0.0.1:9001"])
+    expect(isOperatorUrl(openai, "http://127.0.0.1:9001/v1/models")).toBe(true)
+    expect(isOperatorUrl(openai, "http://127.0.0.1:9002/v1/models")).toBe(false)
+    expect(azure.operatorOrigins).toEqual(["http://127.0.0.1:9002"])
     // A placeholder in the host: not a fixed origin, not trusted.
-    expect([...overridden.trustedOrigins].sort()).toEqual(["http://127.0.0.1:9001", "http://127.0.0.1:9002"])
-    // Defaults are not trusted (they stay under the address checks).
-    expect(catalog.trustedOrigins).toEqual([])
+    expect(overridden.byId.get("gemini")!.operatorOrigins).toEqual([])
+    // Defaults are not trusted (they stay under the address checks), and a custom URL never is.
+    for (const p of catalog.providers) expect(p.operatorOrigins).toEqual([])
+    const custom = makeProviderCatalog(decodeByokConfig({
+      providers: { custom: { base_url: "http://127.0.0.1:9004/v1", regions: { x: "http://127.0.0.1:9005" } } }
+    })).byId.get("custom")!
+    expect(custom.operatorOrigins).toEqual([])
   })
 
   it("region URLs can be overridden separately", () => {
     const c = makeProviderCatalog(decodeByokConfig({ providers: { openai: { regions: { eu: "http://127.0.0.1:9003/v1" } } } }))
     expect(resolveBaseUrl(c.byId.get("openai")!, { region: "eu" }).url).toBe("http://127.0.0.1:9003/v1")
     expect(resolveBaseUrl(c.byId.get("openai")!, { region: "us" }).url).toBe("https://us.api.openai.com/v1")
-    expect(c.trustedOrigins).toEqual(["http://127.0.0.1:9003"])
+    expect(c.byId.get("openai")!.operatorOrigins).toEqual(["http://127.0.0.1:9003"])
   })
 
   it("max_per_provider comes from config", () => {
