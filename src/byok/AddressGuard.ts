@@ -245,6 +245,12 @@ export const checkUrl = (policy: GuardPolicy, input: unknown, options: { readonl
   // what a person reads.
   if (/[\u0000-\u0020\u007f-\u009f\\]/.test(input)) return refused("invalid_url", "control, space or backslash")
   if (input.includes("#")) return refused("invalid_url", "fragment")
+  // Only the plain form `scheme://host...`: WHATWG also accepts `https:host`, `https:///host` and the like.
+  if (!/^https?:\/\/[^/]/i.test(input)) {
+    return /^[a-z][a-z0-9+.-]*:/i.test(input) && !/^https?:/i.test(input)
+      ? refused("insecure_scheme", "scheme")
+      : refused("invalid_url", "form")
+  }
   let url: URL
   try {
     url = new URL(input)
@@ -253,7 +259,7 @@ export const checkUrl = (policy: GuardPolicy, input: unknown, options: { readonl
   }
   if (url.protocol !== "https:" && url.protocol !== "http:") return refused("insecure_scheme", url.protocol)
   // `https://@host` parses to an empty username: look at the authority as written.
-  const authority = input.slice(input.indexOf("//") + 2).split(/[/?]/, 1)[0] ?? ""
+  const authority = input.slice(input.indexOf("//") + 2).split(/[/?]/, 1)[0]!
   if (url.username !== "" || url.password !== "" || authority.includes("@")) return refused("userinfo", "userinfo")
   if (!options.allowQuery && url.search !== "") return refused("invalid_url", "query")
   const allowlisted = policy.allowlist.has(url.origin)

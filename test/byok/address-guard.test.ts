@@ -107,7 +107,13 @@ describe("static check: the issue's table", () => {
     ["https://api.openai.com/v1?x=1#y", "invalid_url", "fragment"],
     ["not a url", "invalid_url"],
     ["https://1.2.3.4.5/", "invalid_url"],
-    ["", "invalid_url"]
+    ["", "invalid_url"],
+    ["https:api.openai.com/v1", "invalid_url", "form"],
+    ["https:///api.openai.com/v1", "invalid_url", "form"],
+    ["https:/api.openai.com/v1", "invalid_url", "form"],
+    ["javascript:alert(1)", "insecure_scheme"],
+    ["file:///etc/passwd", "insecure_scheme"],
+    ["//api.openai.com/v1", "invalid_url", "form"]
   ]
   for (const [url, kind, detail] of table) {
     it(`${JSON.stringify(url)} → ${kind}${detail ? ` (${detail})` : ""}`, () => {
