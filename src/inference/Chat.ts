@@ -19,6 +19,7 @@ import {
   Upstreams,
   type Usage
 } from "../upstream/Upstream.js"
+import { completeChat } from "../upstream/Complete.js"
 import { type ChatRequest, decodeChatRequest } from "./ChatRequest.js"
 import { modelIdOfBody, readJsonBody, UNKNOWN_MODEL_ID } from "./JsonGuard.js"
 import { sseBody } from "./SseBody.js"
@@ -493,7 +494,7 @@ export const chatCompletions = HttpRouter.add(
         const upstreamReq = upstreamRequest(req, m, maxTokens, exchange.stream)
         return exchange.stream
           ? yield* streamed(exchange, plan, adapter, upstreamReq)
-          : yield* complete(exchange, plan, adapter.complete(upstreamReq))
+          : yield* complete(exchange, plan, completeChat(adapter, upstreamReq))
       })
 
       return yield* finishing(exchange, run)
