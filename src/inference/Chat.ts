@@ -22,7 +22,7 @@ import {
 import { completeChat } from "../upstream/Complete.js"
 import { type ChatRequest, decodeChatRequest } from "./ChatRequest.js"
 import { modelIdOfBody, readJsonBody, UNKNOWN_MODEL_ID } from "./JsonGuard.js"
-import { sseBody } from "./SseBody.js"
+import { sseBody, sseResponse } from "./SseBody.js"
 import { isUpstreamFailure, upstreamFailure } from "./UpstreamErrors.js"
 import { quotaHeaders, receipt } from "./Receipt.js"
 import { exceedsLimit, measure } from "./Tokens.js"
@@ -409,7 +409,7 @@ const streamed = (
       "cache-control": "no-cache",
       "x-accel-buffering": "no"
     }
-    return HttpServerResponse.raw(body, { status: 200, contentType: "text/event-stream", headers })
+    return yield* sseResponse(body, headers)
   })
 
 /** Parses a body no deeper than `maxDepth`, a large one on a turn of its own (see `readJsonBody`). */

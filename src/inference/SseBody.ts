@@ -1,6 +1,9 @@
+import { NodeHttpServerRequest } from "@effect/platform-node"
 import { Cause, Clock, Context, Duration, Effect, Exit, Scope } from "effect"
-import { Readable } from "node:stream"
+import { HttpServerRequest, HttpServerResponse } from "effect/http"
+import type * as Http from "node:http"
 import { runForkTracked } from "../http/CallbackFibers.js"
+import { currentRequestId, REQUEST_ID_HEADER } from "../http/Respond.js"
 import { type UpstreamCall, UpstreamError, type UpstreamEvent, type UpstreamSink } from "../upstream/Upstream.js"
 
 export const PING_INTERVAL = Duration.seconds(8)
@@ -62,6 +65,34 @@ export interface SseHandlers {
 }
 
 /**
+ * Where a stream's text goes: the client's response, written directly (no Readable, no pipeline).
+ * `write` returns false when the client is backed up; the output then calls the body's `drained` once it
+ * has room again.
+ */
+export interface SseOutput {
+  /** Writes frames; the first write also sends the 200 status line and headers. */
+  readonly write: (text: string) => boolean
+  /** Writes the closing frames and ends the response. */
+  readonly end: (text: string) => void
+  /** Ends the connection without the closing frames (a failure mid-stream), after what was written; `closed` follows. */
+  readonly cut: () => void
+}
+
+/** A stream that has committed (its first events came, or the wait for them ran out). */
+export interface SseBody {
+  /**
+   * Streams into `output` until the answer has ended (closing frames written) or was cut after a failure and
+   * the connection closed. Interrupting it means the client went away: the upstream call is aborted and the
+   * request recorded as cancelled.
+   */
+  readonly run: (output: SseOutput) => Effect.Effect<void>
+  /** The output has room again after a `write` that returned false. */
+  readonly drained: () => void
+  /** The connection of a cut stream has closed: `run` completes. */
+  readonly closed: () => void
+}
+
+/**
  * Internal timing knobs of streams. `firstEventWait`: how long a stream waits for the upstream's first event
  * before committing to the stream (spec Events 5 and 7). Defaults to the ping interval; tests shorten it.
  */
@@ -70,16 +101,16 @@ export const streamTiming: { firstEventWait: Duration.Input } = { firstEventWait
 type Opened = Exit.Exit<UpstreamCall, UpstreamError>
 
 /**
- * The SSE body as a Node Readable fed directly by the upstream call's callbacks: no Effect Stream per
- * chunk. Back-pressure: when the socket buffer is full `onEvents` returns false and the upstream read
- * pauses until the client drains (`_read` resumes it). Pings go out after 8 s without a frame.
+ * An SSE stream fed directly by the upstream call's callbacks: no Effect Stream and no Node stream per
+ * response. Back-pressure: when the client's socket buffer is full `onEvents` returns false and the upstream
+ * read pauses until the output drains. Pings go out after 8 s without a frame.
  *
  * The first upstream event is awaited for at most `firstEventWait` (on the Effect clock):
- * - it arrives in time: the body starts with `head` and the first frames; a failure before it fails this
+ * - it arrives in time: `run` starts with `head` and the first frames; a failure before it fails this
  *   effect, so the caller still answers with a JSON error and its status (Event 7);
- * - it does not: the body is returned at once (the caller sends the 200 headers) starting with `: ping`,
- *   pinged every 8 s while idle (Event 5); `head` and the frames follow when the events come, and a
- *   failure before them goes to `handlers.failed` and cuts the connection without `[DONE]`.
+ * - it does not: this resolves at once and `run` starts with `: ping` (the 200 headers go out with it),
+ *   pinged every 8 s while idle (Event 5); `head` and the frames follow when the events come, and a failure
+ *   before them goes to `handlers.failed` and cuts the connection without `[DONE]`.
  */
 export const sseBody = (
   context: Context.Context<never>,
@@ -88,14 +119,15 @@ export const sseBody = (
   head: string,
   handlers: SseHandlers,
   firstEventWait: Duration.Input = streamTiming.firstEventWait
-) =>
+): Effect.Effect<SseBody, UpstreamError> =>
   Effect.gen(function*() {
     let call: UpstreamCall | null = null
     let waiting = false
     let done = false
-    /** A mid-stream failure waits until the frames already queued have been handed to the client. */
-    let cutWhenDrained: Error | null = null
-    const cut = () => setImmediate(() => body.destroy(cutWhenDrained!))
+    let out: SseOutput | null = null
+    /** Completes `run`. */
+    let finish: (() => void) | null = null
+    let cutting = false
     let touch = () => {}
     // Fibers started from callbacks are tracked by the server, so a shutdown drain waits for their settles.
     const runFork = runForkTracked(context)
@@ -103,49 +135,28 @@ export const sseBody = (
     /** Interrupts the opening of the upstream call, until it has opened. */
     let cancelOpening: (() => void) | null = null
 
-    const body = new Readable({
-      highWaterMark: 16 * 1024,
-      read() {
-        if (cutWhenDrained) return cut()
-        if (waiting && call && !done) {
-          waiting = false
-          call.resume()
-        }
-      },
-      destroy(error, callback) {
-        if (!done) {
-          done = true
-          call?.abort()
-          cancelOpening?.()
-          run(handlers.cancelled)
-        }
-        callback(error)
-      }
-    })
-
-    const ping = () => void (!done && body.push(PING_FRAME))
-
     const write = (text: string): boolean => {
       touch()
-      return body.push(text)
+      return out!.write(text)
+    }
+
+    const ping = () => void (!done && out !== null && out.write(PING_FRAME))
+
+    /** The client went away (or `run` was interrupted) before the end. */
+    const cancel = () => {
+      if (done) return
+      done = true
+      call?.abort()
+      cancelOpening?.()
+      run(handlers.cancelled)
     }
 
     const fail = (error: UpstreamError) => {
       if (done) return
       done = true
       run(handlers.failed(error).pipe(Effect.ensuring(Effect.sync(() => {
-        cutWhenDrained = new Error(error.detail)
-        if (body.readableLength === 0) return cut()
-        // Frames (or a ping) still queued: cut once the consumer has taken them. `_read` may not be called
-        // again (a read may be pending already), but every chunk taken emits `data`; listening does not
-        // change the mode of a body that has a consumer.
-        if (body.readableFlowing === null) return
-        const taken = () => {
-          if (body.readableLength > 0) return
-          body.off("data", taken)
-          cut()
-        }
-        body.on("data", taken)
+        cutting = true
+        out!.cut()
       }))))
     }
 
@@ -161,15 +172,16 @@ export const sseBody = (
         done = true
         run(handlers.end.pipe(Effect.tap((last) =>
           Effect.sync(() => {
-            write(last)
-            body.push(null)
+            touch()
+            out!.end(last)
+            finish?.()
           })
         )))
       },
       onError: fail
     }
 
-    /** The call is open: writes the head and its first events; the rest flows once the consumer is ready. */
+    /** The call is open: writes the head and its first events; the rest flows once the client is ready. */
     const begin = (opened: UpstreamCall) => {
       call = opened
       cancelOpening = null
@@ -212,17 +224,10 @@ export const sseBody = (
     )
     // An outcome that came just as the wait ran out is still in time.
     const inTime = early ?? (outcome as Opened | null)
-    if (inTime !== null) {
-      // As if there had been no wait: a failure here is still a JSON error.
-      const opened = yield* inTime
-      touch = (yield* idlePinger(PING_INTERVAL, ping, scope)).touch
-      begin(opened)
-      return body
-    }
-
-    // Committed: the 200 headers go out with this body.
+    // As if there had been no wait: a failure here is still a JSON error.
+    const opened = inTime === null ? null : yield* inTime
     touch = (yield* idlePinger(PING_INTERVAL, ping, scope)).touch
-    write(PING_FRAME)
+
     const committed = (exit: Opened) => {
       if (done) {
         if (Exit.isSuccess(exit)) exit.value.abort()
@@ -236,15 +241,96 @@ export const sseBody = (
       // (interruption) or is settled as failed here (defect).
       if (Cause.hasInterruptsOnly(exit.cause)) {
         done = true
-        return void body.destroy(new Error("stream interrupted"))
+        cutting = true
+        return out!.cut()
       }
       fail(new UpstreamError({ kind: "protocol", detail: `opening the stream failed: ${Cause.pretty(exit.cause)}` }))
     }
-    // The outcome may have come while the pinger was being set up.
-    if (outcome !== null) committed(outcome)
-    else onOutcome = committed
-    return body
+
+    return {
+      run: (output) =>
+        Effect.callback<void>((resume) => {
+          out = output
+          finish = () => resume(Effect.void)
+          if (opened !== null) begin(opened)
+          else {
+            // Committed: the 200 headers go out with the first ping.
+            write(PING_FRAME)
+            // The outcome may have come while the pinger was being set up.
+            if (outcome !== null) committed(outcome)
+            else onOutcome = committed
+          }
+          return Effect.sync(cancel)
+        }),
+      drained: () => {
+        if (waiting && call !== null && !done) {
+          waiting = false
+          call.resume()
+        }
+      },
+      closed: () => {
+        if (cutting) finish?.()
+      }
+    }
   })
+
+/** How long a cut stream's connection may take to flush what was written before it is destroyed. */
+const CUT_GRACE_MS = 5_000
+
+/**
+ * The output for a Node response: the first write sends the 200 status line with `headers` (in the same
+ * packet as the first frames), `end` writes the closing frames with the last chunk. A cut ends the socket
+ * once what was written has been flushed (the client sees the body end without its last chunk), and destroys
+ * it if the client does not close within `CUT_GRACE_MS`.
+ */
+export const nodeOutput = (
+  response: Http.ServerResponse,
+  headers: Http.OutgoingHttpHeaders,
+  body: SseBody
+): SseOutput => {
+  response.on("drain", body.drained)
+  response.once("close", body.closed)
+  const start = () => {
+    if (!response.headersSent) response.writeHead(200, headers)
+  }
+  return {
+    write: (text) => {
+      start()
+      return response.write(text)
+    },
+    end: (text) => {
+      start()
+      response.end(text)
+    },
+    cut: () => {
+      const socket = response.socket
+      if (socket === null || socket.destroyed) return void response.destroy()
+      socket.end()
+      const timer = setTimeout(() => socket.destroy(), CUT_GRACE_MS)
+      timer.unref()
+      socket.once("close", () => clearTimeout(timer))
+    }
+  }
+}
+
+/**
+ * Streams `body` as this request's response and completes when it has ended. The response it returns is
+ * never written: the stream has already answered (the server skips an ended or destroyed response).
+ */
+export const sseResponse = (body: SseBody, headers: Readonly<Record<string, string>>) =>
+  Effect.gen(function*() {
+    const request = yield* HttpServerRequest.HttpServerRequest
+    const requestId = yield* currentRequestId
+    const response = NodeHttpServerRequest.toServerResponse(request) as Http.ServerResponse
+    yield* body.run(nodeOutput(response, {
+      ...headers,
+      "content-type": "text/event-stream",
+      [REQUEST_ID_HEADER]: requestId
+    }, body))
+    return STREAMED
+  })
+
+const STREAMED = HttpServerResponse.empty({ status: 200 })
 
 /**
  * Waits for `register`'s callback at most `wait` on the Effect clock: the value, or null when the time ran out.

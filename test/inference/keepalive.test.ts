@@ -3,21 +3,13 @@
  */
 import { describe, expect, it } from "@effect/vitest"
 import { afterEach, vi } from "vitest"
-import { Duration, Effect, Exit, Scope } from "effect"
+import { Duration, Effect, Exit, Fiber, Scope } from "effect"
 import { TestClock } from "effect/testing"
-import type { Readable } from "node:stream"
 import { idlePinger, PING_FRAME, PING_INTERVAL, sseBody } from "../../src/inference/SseBody.js"
+import { attach } from "../support/SseOutput.js"
 import { UpstreamError, type UpstreamCall, type UpstreamEvent, type UpstreamSink } from "../../src/upstream/Upstream.js"
 
 const advance = (ms: number) => TestClock.adjust(Duration.millis(ms)).pipe(Effect.andThen(Effect.yieldNow))
-
-/** Everything buffered in the readable so far. */
-const drain = (body: Readable): string => {
-  let out = ""
-  let chunk: Buffer | null
-  while ((chunk = body.read() as Buffer | null) !== null) out += chunk.toString()
-  return out
-}
 
 const content = (text: string): UpstreamEvent => ({ _tag: "Content", text })
 
@@ -121,40 +113,48 @@ describe("SSE body", () => {
       const log: Array<string> = []
       const { state, open } = fakeCall([content("a")])
       const body = yield* sseBody(context, scope, open, "data: head\n\n", handlers(log))
-      expect(drain(body)).toBe("data: head\n\ndata: a\n\n")
+      const client = yield* attach(body)
+      expect(client.take()).toBe("data: head\n\ndata: a\n\n")
       yield* Effect.promise(() => new Promise<void>((r) => queueMicrotask(r)))
       expect(state.resumed).toBe(1)
       expect(state.sink!.onEvents([content("b"), content("c")])).toBe(true)
-      expect(drain(body)).toBe("data: b\n\ndata: c\n\n")
+      expect(client.take()).toBe("data: b\n\ndata: c\n\n")
       yield* advance(8_000)
-      expect(drain(body)).toBe(PING_FRAME)
+      expect(client.take()).toBe(PING_FRAME)
+      expect(client.fiber.pollUnsafe()).toBeUndefined()
       state.sink!.onEnd()
       yield* Effect.yieldNow
       yield* Effect.yieldNow
       expect(log).toEqual(["end"])
-      expect(drain(body)).toBe("data: last\n\ndata: [DONE]\n\n")
-      expect(body.readableEnded || body.read() === null).toBe(true)
+      expect(client.take()).toBe("data: last\n\ndata: [DONE]\n\n")
+      expect(client.state.ended).toBe(true)
+      // `run` completes with the end: the request's fiber returns.
+      expect(client.fiber.pollUnsafe()).toBeDefined()
       yield* Scope.close(scope, Exit.void)
       expect(state.aborted).toBe(1) // the scope's finalizer; a no-op after the end for a real call
     }))
 
-  it.effect("a mid-stream failure destroys the body without the final frames", () =>
+  it.effect("a mid-stream failure cuts the output without the final frames; run ends when the connection closes", () =>
     Effect.gen(function*() {
       const context = yield* Effect.context<never>()
       const scope = yield* Scope.make()
       const log: Array<string> = []
       const { state, open } = fakeCall([content("a")])
       const body = yield* sseBody(context, scope, open, "", handlers(log))
-      drain(body)
-      body.on("error", () => {})
+      const client = yield* attach(body)
+      client.take()
       state.sink!.onError(new UpstreamError({ kind: "protocol", detail: "dropped" }))
       yield* Effect.yieldNow
       yield* Effect.yieldNow
       expect(log).toEqual(["failed:protocol"])
-      // The connection is cut once the client has taken what was already queued.
-      expect(drain(body)).not.toContain("[DONE]")
-      yield* Effect.promise(() => new Promise<void>((r) => setImmediate(r)))
-      expect(body.destroyed).toBe(true)
+      expect(client.state.cuts).toBe(1)
+      expect(client.state.ended).toBe(false)
+      expect(client.take()).not.toContain("[DONE]")
+      expect(client.fiber.pollUnsafe()).toBeUndefined()
+      body.closed()
+      yield* Effect.yieldNow
+      expect(client.fiber.pollUnsafe()).toBeDefined()
+      expect(log).toEqual(["failed:protocol"])
       yield* Scope.close(scope, Exit.void)
     }))
 
@@ -165,8 +165,9 @@ describe("SSE body", () => {
       const log: Array<string> = []
       const { state, open } = fakeCall([content("a")])
       const body = yield* sseBody(context, scope, open, "", handlers(log))
-      body.destroy()
-      body.destroy()
+      const client = yield* attach(body)
+      yield* Fiber.interrupt(client.fiber)
+      body.closed()
       yield* Effect.yieldNow
       expect(state.aborted).toBe(1)
       expect(log).toEqual(["cancelled"])
@@ -174,22 +175,29 @@ describe("SSE body", () => {
       state.sink!.onEnd()
       yield* Effect.yieldNow
       expect(log).toEqual(["cancelled"])
+      expect(client.state.ended).toBe(false)
       yield* Scope.close(scope, Exit.void)
     }))
 
-  it.effect("back-pressure: a full buffer pauses the upstream until the client reads", () =>
+  it.effect("back-pressure: a full output pauses the upstream until it drains", () =>
     Effect.gen(function*() {
       const context = yield* Effect.context<never>()
       const scope = yield* Scope.make()
       const { state, open } = fakeCall([content("a")])
       const body = yield* sseBody(context, scope, open, "", handlers([]))
+      const client = yield* attach(body)
       yield* Effect.promise(() => new Promise<void>((r) => queueMicrotask(r)))
       const resumedBefore = state.resumed
-      const big = content("x".repeat(20_000))
-      expect(state.sink!.onEvents([big])).toBe(false)
+      client.state.full = true
+      expect(state.sink!.onEvents([content("x".repeat(20_000))])).toBe(false)
       expect(state.resumed).toBe(resumedBefore)
-      drain(body) // the consumer reads: Readable calls read() -> resume
-      yield* Effect.promise(() => new Promise<void>((r) => setImmediate(r)))
+      // A drain while not paused does nothing; once paused, the drain resumes the upstream once.
+      client.state.full = false
+      body.drained()
+      body.drained()
+      expect(state.resumed).toBe(resumedBefore + 1)
+      expect(state.sink!.onEvents([content("y")])).toBe(true)
+      body.drained()
       expect(state.resumed).toBe(resumedBefore + 1)
       yield* Scope.close(scope, Exit.void)
     }))

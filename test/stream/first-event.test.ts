@@ -6,8 +6,8 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Cause, Duration, Effect, Exit, Fiber, Scope } from "effect"
 import { TestClock } from "effect/testing"
-import type { Readable } from "node:stream"
 import { PING_FRAME, PING_INTERVAL, sseBody, streamTiming } from "../../src/inference/SseBody.js"
+import { attach } from "../support/SseOutput.js"
 import { type UpstreamCall, UpstreamError, type UpstreamEvent, type UpstreamSink } from "../../src/upstream/Upstream.js"
 
 const advance = (ms: number) =>
@@ -15,12 +15,6 @@ const advance = (ms: number) =>
 const settle = Effect.yieldNow.pipe(Effect.repeat({ times: 3 }))
 const nextMacrotask = Effect.promise(() => new Promise<void>((r) => setImmediate(r)))
 
-const drain = (body: Readable): string => {
-  let out = ""
-  let chunk: Buffer | null
-  while ((chunk = body.read() as Buffer | null) !== null) out += chunk.toString()
-  return out
-}
 
 const content = (text: string): UpstreamEvent => ({ _tag: "Content", text })
 
@@ -87,8 +81,8 @@ describe("stream first-event wait", () => {
       yield* advance(7_000)
       expect(fiber.pollUnsafe()).toBeUndefined()
       call.succeed([content("a")])
-      const body = yield* Fiber.join(fiber)
-      expect(drain(body)).toBe(`${HEAD}data: a\n\n`)
+      const client = yield* attach(yield* Fiber.join(fiber))
+      expect(client.take()).toBe(`${HEAD}data: a\n\n`)
       expect(log).toEqual(["started"])
       yield* nextMacrotask
       expect(call.state.resumed).toBe(1)
@@ -121,32 +115,32 @@ describe("stream first-event wait", () => {
       yield* advance(7_999)
       expect(fiber.pollUnsafe()).toBeUndefined()
       yield* advance(1)
-      const body = yield* Fiber.join(fiber)
-      expect(drain(body)).toBe(PING_FRAME)
+      const client = yield* attach(yield* Fiber.join(fiber))
+      expect(client.take()).toBe(PING_FRAME)
       yield* advance(7_999)
-      expect(drain(body)).toBe("")
+      expect(client.take()).toBe("")
       yield* advance(1)
-      expect(drain(body)).toBe(PING_FRAME)
+      expect(client.take()).toBe(PING_FRAME)
       yield* advance(8_000)
-      expect(drain(body)).toBe(PING_FRAME)
+      expect(client.take()).toBe(PING_FRAME)
       // The first event at 24.5 s: the head and its frames; pinging restarts from there.
       yield* advance(500)
       call.succeed([content("a")])
       yield* settle
-      expect(drain(body)).toBe(`${HEAD}data: a\n\n`)
+      expect(client.take()).toBe(`${HEAD}data: a\n\n`)
       expect(log).toEqual(["started"])
       yield* nextMacrotask
       expect(call.state.resumed).toBe(1)
       expect(call.state.sink!.onEvents([content("b")])).toBe(true)
-      expect(drain(body)).toBe("data: b\n\n")
+      expect(client.take()).toBe("data: b\n\n")
       yield* advance(7_999)
-      expect(drain(body)).toBe("")
+      expect(client.take()).toBe("")
       yield* advance(1)
-      expect(drain(body)).toBe(PING_FRAME)
+      expect(client.take()).toBe(PING_FRAME)
       call.state.sink!.onEnd()
       yield* settle
       expect(log).toEqual(["started", "end"])
-      expect(drain(body)).toBe("data: last\n\ndata: [DONE]\n\n")
+      expect(client.take()).toBe("data: last\n\ndata: [DONE]\n\n")
       yield* Scope.close(scope, Exit.void)
     }))
 
@@ -157,26 +151,23 @@ describe("stream first-event wait", () => {
       const { fiber, scope } = yield* start(call, log)
       yield* advance(8_000)
       const body = yield* Fiber.join(fiber)
-      body.on("error", () => {})
-      // The client reads in flowing mode, as an HTTP response does; then it falls behind (back-pressure).
-      let received = ""
-      body.on("data", (chunk: Buffer) => void (received += chunk.toString()))
-      yield* nextMacrotask
-      expect(received).toBe(PING_FRAME)
-      body.pause()
+      const client = yield* attach(body)
+      expect(client.take()).toBe(PING_FRAME)
       yield* advance(10_000)
-      // A ping is still queued when the failure comes: it is handed over first, then the cut.
-      expect(body.readableLength).toBe(PING_FRAME.length)
+      expect(client.take()).toBe(PING_FRAME)
       call.failWith(new UpstreamError({ kind: "timeout", detail: "no first token within 60000 ms" }))
       yield* settle
       expect(log).toEqual(["failed:timeout"])
-      yield* nextMacrotask
-      expect(body.destroyed).toBe(false)
-      body.resume()
-      yield* nextMacrotask
-      expect(received).toBe(PING_FRAME + PING_FRAME)
-      yield* nextMacrotask
-      expect(body.destroyed).toBe(true)
+      // Cut once: no head, no frames, no [DONE] after it; run ends when the connection has closed.
+      expect(client.state.cuts).toBe(1)
+      expect(client.state.ended).toBe(false)
+      expect(client.take()).toBe("")
+      expect(client.fiber.pollUnsafe()).toBeUndefined()
+      body.closed()
+      yield* settle
+      expect(client.fiber.pollUnsafe()).toBeDefined()
+      yield* advance(30_000)
+      expect(client.take()).toBe("")
       expect(log).toEqual(["failed:timeout"])
       yield* Scope.close(scope, Exit.void)
     }))
@@ -187,10 +178,9 @@ describe("stream first-event wait", () => {
       const log: Array<string> = []
       const { fiber, scope } = yield* start(call, log)
       yield* advance(8_000)
-      const body = yield* Fiber.join(fiber)
-      expect(drain(body)).toBe(PING_FRAME)
-      body.destroy()
-      body.destroy()
+      const client = yield* attach(yield* Fiber.join(fiber))
+      expect(client.take()).toBe(PING_FRAME)
+      yield* Fiber.interrupt(client.fiber)
       yield* settle
       expect(call.state.interrupted).toBe(1)
       expect(log).toEqual(["cancelled"])
@@ -206,14 +196,12 @@ describe("stream first-event wait", () => {
       const log: Array<string> = []
       const { fiber, scope } = yield* start(call, log)
       yield* advance(8_000)
-      const body = yield* Fiber.join(fiber)
-      body.on("error", () => {})
-      drain(body)
+      const client = yield* attach(yield* Fiber.join(fiber))
+      client.take()
       yield* Scope.close(scope, Exit.void)
       yield* settle
       expect(call.state.interrupted).toBe(1)
-      yield* nextMacrotask
-      expect(body.destroyed).toBe(true)
+      expect(client.state.cuts).toBe(1)
       // The request was settled by whoever closed its scope: no handler runs here.
       expect(log).toEqual([])
     }))
@@ -226,16 +214,16 @@ describe("stream first-event wait", () => {
       yield* advance(249)
       expect(fiber.pollUnsafe()).toBeUndefined()
       yield* advance(1)
-      const body = yield* Fiber.join(fiber)
-      expect(drain(body)).toBe(PING_FRAME)
+      const client = yield* attach(yield* Fiber.join(fiber))
+      expect(client.take()).toBe(PING_FRAME)
       // Pings keep the 8 s interval.
       yield* advance(7_999)
-      expect(drain(body)).toBe("")
+      expect(client.take()).toBe("")
       yield* advance(1)
-      expect(drain(body)).toBe(PING_FRAME)
+      expect(client.take()).toBe(PING_FRAME)
       call.succeed([content("a")])
       yield* settle
-      expect(drain(body)).toBe(`${HEAD}data: a\n\n`)
+      expect(client.take()).toBe(`${HEAD}data: a\n\n`)
       yield* Scope.close(scope, Exit.void)
       expect(call.state.aborted).toBe(1)
     }))
