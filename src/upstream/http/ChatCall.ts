@@ -105,10 +105,11 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
   /** Skipped frames since the last log, as a warning. */
   protected override pendingLog(): Effect.Effect<void> | undefined {
     const decoder = this.decoder
-    if (decoder.skipped === this.loggedSkips) return undefined
-    const skipped = decoder.skipped - this.loggedSkips
-    this.loggedSkips = decoder.skipped
-    return skippedWarning(skipped, decoder.lastSkipped)
+    const skipped = decoder.skipped
+    if (skipped === undefined || skipped === this.loggedSkips) return undefined
+    const count = skipped - this.loggedSkips
+    this.loggedSkips = skipped
+    return skippedWarning(count, decoder.lastSkipped ?? "")
   }
 
   // --- undici handler -------------------------------------------------------------------------

@@ -39,9 +39,12 @@ export interface ChatDecoder {
   readonly sawDone: boolean
   /** Usage reported so far; attached to a failure that comes after it. */
   readonly usage: Usage | undefined
-  /** Frames skipped as undecodable so far, and the last one (truncated), for a warning log. */
-  readonly skipped: number
-  readonly lastSkipped: string
+  /**
+   * Frames skipped as undecodable so far, and the last one (truncated), for a warning log. Absent for a
+   * decoder that fails the answer on an undecodable frame instead.
+   */
+  readonly skipped?: number
+  readonly lastSkipped?: string
   /** One SSE event's `data` (multi-line data joined with `\n`). Must not throw. */
   onData(data: string): void
   /** The whole body of a non-streamed answer, parsed; all its events, `Finish` and `Usage` included, or the reason it is not one. */
