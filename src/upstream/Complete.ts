@@ -2,10 +2,10 @@
  * The whole answer as one array (for non-streaming client requests), derived once from
  * `UpstreamAdapter.open` for every adapter: the same events, errors and timeouts as `open`.
  *
- * Cost: for a non-streamed request (`request.stream` false) `open` resolves when the whole JSON answer
- * has been read, with every event in `first`, and the end is delivered synchronously from the first
+ * Cost: for a non-streamed request to an HTTP upstream `open` resolves when the whole JSON answer has
+ * been read, with every event in `first`, and the end is delivered synchronously from the first
  * `resume()`: one `Effect.callback` for the whole call, no fiber, no Stream, no copy of the events. A
- * streamed request waits for the end in a second `Effect.callback`.
+ * streamed (or paced, simulated) answer waits for its end in a second `Effect.callback`.
  */
 import { Effect } from "effect"
 import { NO_EVENTS } from "./PushCall.js"

@@ -153,8 +153,9 @@ export interface UpstreamAdapter {
    * them in `call.first`; fails with the `UpstreamError` when the call fails before any event
    * (connect, non-2xx status, first-token timeout, dropped before an event, ...), so the caller can
    * still answer with a JSON error. Interrupting it before it resolves aborts the upstream request.
-   * The upstream is asked for a streamed answer only if `request.stream` is true; otherwise `first`
-   * holds the whole answer and the end follows at the first `resume()`.
+   * An HTTP upstream is asked for a streamed answer only if `request.stream` is true; otherwise `open`
+   * resolves once the whole answer has been read, with all of it in `first`, and the end follows at the
+   * first `resume()` (the simulated upstream paces its answer either way).
    *
    * After it resolves the call is paused: the caller handles `first`, then calls `call.resume()` to
    * receive the rest through `sink` (see `UpstreamSink` for the ordering guarantees). The caller owns
