@@ -12,6 +12,7 @@ import { guard as guardFailures } from "../http/FailedRequests.js"
 import { handle, headersOf } from "../http/Respond.js"
 import { Admission } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
+import { completeChat } from "../upstream/Complete.js"
 import { type UpstreamAdapter, type UpstreamRequest, Upstreams } from "../upstream/Upstream.js"
 import { prepareChat } from "./ChatPrepare.js"
 import { accumulate, completionResponse, sseFraming, streamHeaders } from "./ChatWire.js"
@@ -23,7 +24,7 @@ import { upstreamFailure } from "./UpstreamErrors.js"
 const complete = (exchange: Exchange, plan: PlanConfig, adapter: UpstreamAdapter, request: UpstreamRequest) =>
   Effect.gen(function*() {
     exchange.markDispatched()
-    const events = yield* Effect.mapError(adapter.complete(request), upstreamFailure)
+    const events = yield* Effect.mapError(completeChat(adapter, request), upstreamFailure)
     const answer = accumulate(events, exchange)
     exchange.markFirstByte()
     const settled = yield* exchange.succeed()

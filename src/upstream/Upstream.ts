@@ -1,4 +1,4 @@
-import { Context, Data, type Effect, type Stream } from "effect"
+import { Context, Data, type Effect } from "effect"
 import type * as Wire from "../wire/ChatSchemas.js"
 
 // The message and tool types are derived from the schemas that validate the client's request
@@ -115,20 +115,20 @@ export interface UpstreamCall {
   readonly abort: () => void
 }
 
+/**
+ * The upstream port: what every upstream kind (openai-compatible, anthropic, simulated) implements. The
+ * non-streaming `complete` is derived from `open` once, in `./Complete.ts`; tests that want an Effect Stream
+ * derive one from `open` too (`test/support/UpstreamStream.ts`).
+ */
 export interface UpstreamAdapter {
-  /** Interrupting the stream must abort the upstream HTTP request (socket closed). */
-  readonly chat: (request: UpstreamRequest) => Stream.Stream<UpstreamEvent, UpstreamError>
-  /**
-   * The whole answer as one array (for non-streaming client requests): the same events, errors and
-   * timeouts as `chat`, without Stream machinery. The upstream is asked for a streamed answer only if
-   * `request.stream` is true. Interruption aborts the upstream request.
-   */
-  readonly complete: (request: UpstreamRequest) => Effect.Effect<ReadonlyArray<UpstreamEvent>, UpstreamError>
   /**
    * Push-based streaming: sends the request and resolves once the first events are available, with
    * them in `call.first`; fails with the `UpstreamError` when the call fails before any event
    * (connect, non-2xx status, first-token timeout, dropped before an event, ...), so the caller can
    * still answer with a JSON error. Interrupting it before it resolves aborts the upstream request.
+   * An HTTP upstream is asked for a streamed answer only if `request.stream` is true; otherwise `open`
+   * resolves once the whole answer has been read, with all of it in `first`, and the end follows at the
+   * first `resume()` (the simulated upstream paces its answer either way).
    *
    * After it resolves the call is paused: the caller handles `first`, then calls `call.resume()` to
    * receive the rest through `sink` (see `UpstreamSink` for the ordering guarantees). The caller owns
@@ -136,6 +136,8 @@ export interface UpstreamAdapter {
    * `onError` -- e.g. acquire it with `Effect.uninterruptibleMask((restore) => restore(open(..)).pipe(
    * Effect.tap((call) => Scope.addFinalizer(scope, Effect.sync(call.abort)))))` so that an
    * interruption right after resolution cannot leak it.
+   *
+   * Timeouts (first token, idle, total) follow the opening fiber's `Clock`, so `TestClock` drives them.
    */
   readonly open: (request: UpstreamRequest, sink: UpstreamSink) => Effect.Effect<UpstreamCall, UpstreamError>
   /** Embeddings: one vector per input. */

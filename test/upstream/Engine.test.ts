@@ -7,10 +7,14 @@ import {
   embedText,
   estimatePromptTokens,
   makeSimulatedAdapter,
-  planChat,
-  simulateChat
+  planChat
 } from "../../src/upstream/simulated/Engine.js"
 import type { ToolDefinition, UpstreamEvent, UpstreamRequest } from "../../src/upstream/Upstream.js"
+import { upstreamStream } from "../support/UpstreamStream.js"
+
+/** The in-process adapter's answer as a Stream (derived from `open`). */
+const simulateChat = (request: UpstreamRequest, timing: { first_token_ms: number; tokens_per_second: number }) =>
+  upstreamStream(makeSimulatedAdapter({ kind: "simulated", ...timing }), request)
 
 const ask = (text: string, extra: Partial<UpstreamRequest> = {}): UpstreamRequest => ({
   model: "sim-pro",
@@ -224,7 +228,7 @@ describe("simulated engine", () => {
   it.effect("the in-process adapter streams the plan and embeds with token counts", () =>
     Effect.gen(function*() {
       const adapter = makeSimulatedAdapter({ kind: "simulated", first_token_ms: 0, tokens_per_second: 0 })
-      const events = yield* Stream.runCollect(adapter.chat(ask("hi there")))
+      const events = yield* Stream.runCollect(upstreamStream(adapter, ask("hi there")))
       expect(events).toEqual(planChat(ask("hi there")).events)
       const result = yield* adapter.embed("sim-embed", ["abcdefgh ij", "x"])
       expect(result.prompt_tokens).toBe(4)

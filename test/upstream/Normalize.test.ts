@@ -5,17 +5,25 @@
  */
 import { describe, expect, it } from "vitest"
 import { ChatNormalizer } from "../../src/upstream/openai-compatible/Normalize.js"
-import type { UpstreamEvent } from "../../src/upstream/Upstream.js"
+import type { UpstreamError, UpstreamEvent } from "../../src/upstream/Upstream.js"
 
 const head = `{"id":"chatcmpl-abc","object":"chat.completion.chunk","created":1767225600,"model":"m",`
 const delta = (d: string, finish = "null") => `${head}"choices":[{"index":0,"delta":${d},"finish_reason":${finish}}]}`
 
+interface ErrorOutcome {
+  readonly kind: UpstreamError["kind"]
+  readonly detail: string
+}
+
+const errorOutcome = (error: UpstreamError | undefined): ErrorOutcome | undefined =>
+  error === undefined ? undefined : { kind: error.kind, detail: error.detail }
+
 interface Outcome {
   readonly events: unknown
-  readonly error: string | undefined
+  readonly error: ErrorOutcome | undefined
   readonly skipped: number
   readonly sawDone: boolean
-  readonly end: unknown
+  readonly end: ErrorOutcome | undefined
   readonly threw: string | undefined
 }
 
@@ -32,8 +40,8 @@ const run = (lean: boolean, frames: ReadonlyArray<string>): Outcome => {
     threw = (e as Error).constructor.name
   }
   const before = [...n.events]
-  const error = n.error
-  const end = threw === undefined ? n.end() : undefined
+  const error = errorOutcome(n.error)
+  const end = threw === undefined ? errorOutcome(n.end()) : undefined
   return { events: [before, n.events].map(sameIds), error, skipped: n.skipped, sawDone: n.sawDone, end, threw }
 }
 

@@ -2,13 +2,11 @@ import { describe, expect, it } from "@effect/vitest"
 import { Deferred, Effect, Fiber, Logger, Stream } from "effect"
 import { TestClock } from "effect/testing"
 import * as Net from "node:net"
-import {
-  encodeChatRequest,
-  type OpenAiCompatibleProviderConfig,
-  openAiCompatibleAdapter
-} from "../../src/upstream/openai-compatible/Adapter.js"
+import { type OpenAiCompatibleProviderConfig, openAiCompatibleAdapter } from "../../src/upstream/openai-compatible/Adapter.js"
+import { encodeChatRequest } from "../../src/upstream/openai-compatible/Encode.js"
 import type { UpstreamError, UpstreamEvent, UpstreamRequest } from "../../src/upstream/Upstream.js"
 import { Behaviour, Chunks, type MockUpstream, raw, startMockUpstream } from "../support/MockUpstream.js"
+import { upstreamStream } from "../support/UpstreamStream.js"
 
 type Timeouts = OpenAiCompatibleProviderConfig["timeouts"]
 
@@ -74,7 +72,7 @@ describe("openai-compatible adapter: events", () => {
         Chunks.finish("stop"),
         Chunks.usage(usage)
       ]))
-      expect(yield* collect(adapter.chat(ask()))).toEqual([
+      expect(yield* collect(upstreamStream(adapter, ask()))).toEqual([
         { _tag: "Reasoning", text: "Let me " },
         { _tag: "Reasoning", text: "think." },
         { _tag: "Content", text: "Hello" },
@@ -105,7 +103,7 @@ describe("openai-compatible adapter: events", () => {
         seed: 42,
         n: 3
       } as UpstreamRequest
-      yield* collect(adapter.chat(request))
+      yield* collect(upstreamStream(adapter, request))
       const recorded = mock.requests[0]!
       expect(recorded.method).toBe("POST")
       expect(recorded.path).toBe("/v1/chat/completions")
@@ -146,7 +144,7 @@ describe("openai-compatible adapter: events", () => {
         Chunks.finish("tool_calls"),
         Chunks.usage(usage)
       ]))
-      const events = yield* collect(adapter.chat(ask()))
+      const events = yield* collect(upstreamStream(adapter, ask()))
       const start = events.find((e) => e._tag === "ToolCallStart")
       const id = start?._tag === "ToolCallStart" ? start.id : ""
       expect(id).toMatch(/^call_[0-9a-f]{32}$/)
@@ -171,9 +169,9 @@ describe("openai-compatible adapter: events", () => {
         Behaviour.stream([Chunks.content("a"), Chunks.finish("content_filter")]),
         Behaviour.stream([Chunks.toolStart(0, "x", "f", "{}"), Chunks.finish("stop")])
       )
-      expect(finishOf(yield* collect(adapter.chat(ask())))).toEqual({ _tag: "Finish", reason: "length" })
-      expect(finishOf(yield* collect(adapter.chat(ask())))).toEqual({ _tag: "Finish", reason: "stop" })
-      expect(finishOf(yield* collect(adapter.chat(ask())))).toEqual({ _tag: "Finish", reason: "tool_calls" })
+      expect(finishOf(yield* collect(upstreamStream(adapter, ask())))).toEqual({ _tag: "Finish", reason: "length" })
+      expect(finishOf(yield* collect(upstreamStream(adapter, ask())))).toEqual({ _tag: "Finish", reason: "stop" })
+      expect(finishOf(yield* collect(upstreamStream(adapter, ask())))).toEqual({ _tag: "Finish", reason: "tool_calls" })
     }))
 
   it.live("reads a non-streaming JSON answer", () =>
@@ -186,7 +184,7 @@ describe("openai-compatible adapter: events", () => {
         finish: "tool_calls",
         usage
       })))
-      const events = yield* collect(adapter.chat(ask({ stream: false })))
+      const events = yield* collect(upstreamStream(adapter, ask({ stream: false })))
       expect(mock.requests[0]!.body.stream).toBe(false)
       expect(mock.requests[0]!.headers.accept).toBe("application/json")
       expect(events).toEqual([
@@ -215,7 +213,7 @@ describe("openai-compatible adapter: events", () => {
         raw(JSON.stringify(Chunks.finish("stop")).slice(20) + "\r"),
         raw("\n\r\n")
       ], { delayMs: 15 }))
-      expect(yield* collect(adapter.chat(ask()))).toEqual([
+      expect(yield* collect(upstreamStream(adapter, ask()))).toEqual([
         { _tag: "Content", text: "héllo 👋" },
         { _tag: "Finish", reason: "stop" }
       ])
@@ -229,7 +227,7 @@ describe("openai-compatible adapter: events", () => {
         logs.push(Array.isArray(message) ? message.join(" ") : String(message))
       })
       mock.script(Behaviour.stream([Chunks.content("a"), "{broken json", Chunks.content("b"), Chunks.finish("stop")]))
-      const events = yield* collect(adapter.chat(ask())).pipe(
+      const events = yield* collect(upstreamStream(adapter, ask())).pipe(
         Effect.provide(Logger.layer([logger]))
       )
       expect(events).toEqual([
@@ -245,8 +243,8 @@ describe("openai-compatible adapter: events", () => {
       const { adapter, mock } = yield* setup()
       const answer = Behaviour.stream([Chunks.content("x"), Chunks.finish("stop")])
       mock.script(answer, answer, answer, answer, Behaviour.json(Chunks.completion({ content: "x" })))
-      for (let i = 0; i < 4; i++) yield* collect(adapter.chat(ask()))
-      yield* collect(adapter.chat(ask({ stream: false })))
+      for (let i = 0; i < 4; i++) yield* collect(upstreamStream(adapter, ask()))
+      yield* collect(upstreamStream(adapter, ask({ stream: false })))
       expect(mock.requests).toHaveLength(5)
       // The stream ends at `[DONE]`, possibly before the response terminator is read, so a request
       // right after may take a second connection; none is closed and they do not grow per request.
@@ -263,7 +261,7 @@ describe("openai-compatible adapter: events", () => {
         Chunks.finish("stop")
       ]))
       let first = true
-      const events = yield* collect(adapter.chat(ask()).pipe(
+      const events = yield* collect(upstreamStream(adapter, ask()).pipe(
         Stream.tap(() => (first ? ((first = false), Effect.sleep("300 millis")) : Effect.void))
       ))
       expect(events).toHaveLength(n + 1)
@@ -284,13 +282,13 @@ describe("openai-compatible adapter: errors", () => {
         Behaviour.status(503, { error: { message: "overloaded" } }),
         Behaviour.status(400, "plain text problem")
       )
-      const limited = yield* failure(collect(adapter.chat(ask())))
+      const limited = yield* failure(collect(upstreamStream(adapter, ask())))
       expect(limited).toMatchObject({ _tag: "UpstreamError", kind: "rate_limited", status: 429 })
       expect(limited.detail).toContain("slow down")
-      const unavailable = yield* failure(collect(adapter.chat(ask())))
+      const unavailable = yield* failure(collect(upstreamStream(adapter, ask())))
       expect(unavailable).toMatchObject({ kind: "status", status: 503 })
       expect(unavailable.detail).toContain("overloaded")
-      const bad = yield* failure(collect(adapter.chat(ask())))
+      const bad = yield* failure(collect(upstreamStream(adapter, ask())))
       expect(bad).toMatchObject({ kind: "status", status: 400 })
       expect(bad.detail).toContain("plain text problem")
     }))
@@ -306,13 +304,13 @@ describe("openai-compatible adapter: errors", () => {
         })
       )
       const refused = yield* openAiCompatibleAdapter(providerFor(`http://127.0.0.1:${closedPort}/v1`))
-      const error = yield* failure(collect(refused.chat(ask())))
+      const error = yield* failure(collect(upstreamStream(refused, ask())))
       expect(error.kind).toBe("connect")
       expect(error.detail).toContain("ECONNREFUSED")
 
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.dropBeforeHeaders())
-      expect((yield* failure(collect(adapter.chat(ask())))).kind).toBe("connect")
+      expect((yield* failure(collect(upstreamStream(adapter, ask())))).kind).toBe("connect")
     }))
 
   it.live("a bad body is a protocol error: broken JSON, stream cut short, socket dropped mid-stream, error frame", () =>
@@ -324,19 +322,19 @@ describe("openai-compatible adapter: errors", () => {
         Behaviour.dropAfter([Chunks.content("a"), Chunks.content("b")]),
         Behaviour.stream([Chunks.content("a"), { error: { message: "backend crashed" } }])
       )
-      const json = yield* failure(collect(adapter.chat(ask({ stream: false }))))
+      const json = yield* failure(collect(upstreamStream(adapter, ask({ stream: false }))))
       expect(json).toMatchObject({ kind: "protocol" })
       expect(json.detail).toContain("not JSON")
 
-      const cut = yield* failure(collect(adapter.chat(ask())))
+      const cut = yield* failure(collect(upstreamStream(adapter, ask())))
       expect(cut).toMatchObject({ kind: "protocol", detail: "upstream ended the stream before finishing" })
 
       const seen: Array<UpstreamEvent> = []
-      const dropped = yield* failure(collect(adapter.chat(ask()).pipe(Stream.tap((e) => Effect.sync(() => seen.push(e))))))
+      const dropped = yield* failure(collect(upstreamStream(adapter, ask()).pipe(Stream.tap((e) => Effect.sync(() => seen.push(e))))))
       expect(dropped.kind).toBe("protocol")
       expect(seen).toEqual([{ _tag: "Content", text: "a" }, { _tag: "Content", text: "b" }])
 
-      const frame = yield* failure(collect(adapter.chat(ask())))
+      const frame = yield* failure(collect(upstreamStream(adapter, ask())))
       expect(frame).toMatchObject({ kind: "protocol" })
       expect(frame.detail).toContain("backend crashed")
     }))
@@ -348,7 +346,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 150, idle_ms: 1_000 } })
       mock.script(Behaviour.hangBeforeHeaders())
       const started = Date.now()
-      const error = yield* Effect.flip(collect(adapter.chat(ask())))
+      const error = yield* Effect.flip(collect(upstreamStream(adapter, ask())))
       expect(error).toMatchObject({ kind: "timeout" })
       expect(error.detail).toContain("first token")
       expect(Date.now() - started).toBeGreaterThanOrEqual(140)
@@ -359,7 +357,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 150, idle_ms: 1_000 } })
       mock.script(Behaviour.hangAfter([Chunks.role()]))
-      const error = yield* Effect.flip(collect(adapter.chat(ask())))
+      const error = yield* Effect.flip(collect(upstreamStream(adapter, ask())))
       expect(error.detail).toContain("first token")
       yield* waitAborts(mock, 1)
     }))
@@ -369,7 +367,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 5_000, idle_ms: 150 } })
       mock.script(Behaviour.hangAfter([Chunks.role(), Chunks.content("a")]))
       const seen: Array<UpstreamEvent> = []
-      const error = yield* Effect.flip(collect(adapter.chat(ask()).pipe(Stream.tap((e) => Effect.sync(() => seen.push(e))))))
+      const error = yield* Effect.flip(collect(upstreamStream(adapter, ask()).pipe(Stream.tap((e) => Effect.sync(() => seen.push(e))))))
       expect(error).toMatchObject({ kind: "timeout" })
       expect(error.detail).toContain("idle")
       expect(seen).toEqual([{ _tag: "Content", text: "a" }])
@@ -382,7 +380,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
       // Six chunks 80 ms apart: longer than idle_ms in total, never idle that long.
       mock.script(Behaviour.slow([Chunks.content("a"), Chunks.content("b"), raw(": ping\n\n"), Chunks.content("c"),
         Chunks.finish("stop")], 80))
-      const events = yield* collect(adapter.chat(ask()))
+      const events = yield* collect(upstreamStream(adapter, ask()))
       expect(events.map((e) => e._tag)).toEqual(["Content", "Content", "Content", "Finish"])
     }))
 
@@ -390,7 +388,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 5_000, idle_ms: 5_000, total_ms: 300 } })
       mock.script(Behaviour.slow(Array.from({ length: 50 }, () => Chunks.content("x")), 40))
-      const error = yield* Effect.flip(collect(adapter.chat(ask())))
+      const error = yield* Effect.flip(collect(upstreamStream(adapter, ask())))
       expect(error).toMatchObject({ kind: "timeout" })
       expect(error.detail).toContain("longer than 300 ms")
       yield* waitAborts(mock, 1)
@@ -411,7 +409,7 @@ describe("openai-compatible adapter: timeouts (real time, small values)", () => 
       const adapter = yield* openAiCompatibleAdapter(
         providerFor(`https://127.0.0.1:${port}/v1`, { connect_ms: 150, first_token_ms: 5_000 })
       )
-      const error = yield* Effect.flip(collect(adapter.chat(ask())))
+      const error = yield* Effect.flip(collect(upstreamStream(adapter, ask())))
       expect(error).toMatchObject({ kind: "timeout" })
       expect(error.detail).toContain("connect")
     }))
@@ -422,7 +420,7 @@ describe("openai-compatible adapter: timeouts on the TestClock", () => {
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 3_000, idle_ms: 10_000 } })
       mock.script(Behaviour.hangBeforeHeaders())
-      const fiber = yield* Effect.forkChild(Effect.flip(collect(adapter.chat(ask()))))
+      const fiber = yield* Effect.forkChild(Effect.flip(collect(upstreamStream(adapter, ask()))))
       yield* until(() => mock.requests.length === 1)
       yield* TestClock.adjust("2999 millis")
       expect(fiber.pollUnsafe()).toBeUndefined()
@@ -437,7 +435,7 @@ describe("openai-compatible adapter: timeouts on the TestClock", () => {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 60_000, idle_ms: 5_000 } })
       mock.script(Behaviour.hangAfter([Chunks.content("a")]))
       const first = yield* Deferred.make<void>()
-      const fiber = yield* Effect.forkChild(Effect.flip(collect(adapter.chat(ask()).pipe(
+      const fiber = yield* Effect.forkChild(Effect.flip(collect(upstreamStream(adapter, ask()).pipe(
         Stream.tap(() => Deferred.succeed(first, undefined))
       ))))
       yield* Deferred.await(first)
@@ -455,7 +453,7 @@ describe("openai-compatible adapter: interruption", () => {
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.hangAfter([Chunks.content("a"), Chunks.content("b")]))
-      const events = yield* collect(adapter.chat(ask()).pipe(Stream.take(1)))
+      const events = yield* collect(upstreamStream(adapter, ask()).pipe(Stream.take(1)))
       expect(events).toEqual([{ _tag: "Content", text: "a" }])
       yield* waitAborts(mock, 1)
       yield* until(() => mock.connections().closed === 1)
@@ -465,14 +463,14 @@ describe("openai-compatible adapter: interruption", () => {
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.hangAfter([Chunks.role()]), Behaviour.hangBeforeHeaders())
-      const streaming = yield* Effect.forkChild(collect(adapter.chat(ask())))
+      const streaming = yield* Effect.forkChild(collect(upstreamStream(adapter, ask())))
       yield* until(() => mock.requests.length === 1)
       yield* Effect.sleep("20 millis")
       expect(mock.clientAborts()).toBe(0)
       yield* Fiber.interrupt(streaming)
       yield* waitAborts(mock, 1)
 
-      const waiting = yield* Effect.forkChild(collect(adapter.chat(ask())))
+      const waiting = yield* Effect.forkChild(collect(upstreamStream(adapter, ask())))
       yield* until(() => mock.requests.length === 2)
       yield* Fiber.interrupt(waiting)
       yield* waitAborts(mock, 2)

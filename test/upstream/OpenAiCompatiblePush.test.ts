@@ -18,6 +18,7 @@ import type {
   UpstreamRequest,
   UpstreamSink
 } from "../../src/upstream/Upstream.js"
+import { completeChat } from "../../src/upstream/Complete.js"
 import { Behaviour, Chunks, type MockUpstream, raw, startMockUpstream } from "../support/MockUpstream.js"
 
 type Timeouts = OpenAiCompatibleProviderConfig["timeouts"]
@@ -153,7 +154,7 @@ describe("openai-compatible adapter: complete", () => {
         finish: "stop",
         usage
       })))
-      const events = yield* adapter.complete(ask({ stream: false }))
+      const events = yield* completeChat(adapter, ask({ stream: false }))
       expect(mock.requests[0]!.body.stream).toBe(false)
       expect(mock.requests[0]!.body).not.toHaveProperty("stream_options")
       expect(mock.requests[0]!.headers.accept).toBe("application/json")
@@ -181,7 +182,7 @@ describe("openai-compatible adapter: complete", () => {
         Chunks.finish("length"),
         Chunks.usage(usage)
       ], 5))
-      const events = yield* adapter.complete(ask())
+      const events = yield* completeChat(adapter, ask())
       expect(mock.requests[0]!.headers.accept).toBe("text/event-stream")
       expect(events).toEqual([
         { _tag: "Reasoning", text: "a" },
@@ -200,7 +201,7 @@ describe("openai-compatible adapter: complete", () => {
         logs.push(Array.isArray(message) ? message.join(" ") : String(message))
       })
       mock.script(Behaviour.stream([Chunks.content("a"), "{broken json", Chunks.finish("stop")]))
-      const events = yield* adapter.complete(ask()).pipe(Effect.provide(Logger.layer([logger])))
+      const events = yield* completeChat(adapter, ask()).pipe(Effect.provide(Logger.layer([logger])))
       expect(events.map((e) => e._tag)).toEqual(["Content", "Finish"])
       expect(logs.some((l) => l.includes("undecodable"))).toBe(true)
     }))
@@ -214,13 +215,13 @@ describe("openai-compatible adapter: complete", () => {
         Behaviour.status(400, "plain text problem")
       )
       const request = ask({ stream: false })
-      const limited = yield* Effect.flip(adapter.complete(request))
+      const limited = yield* Effect.flip(completeChat(adapter, request))
       expect(limited).toMatchObject({ _tag: "UpstreamError", kind: "rate_limited", status: 429 })
       expect(limited.detail).toContain("slow down")
-      const unavailable = yield* Effect.flip(adapter.complete(request))
+      const unavailable = yield* Effect.flip(completeChat(adapter, request))
       expect(unavailable).toMatchObject({ kind: "status", status: 503 })
       expect(unavailable.detail).toContain("overloaded")
-      const bad = yield* Effect.flip(adapter.complete(request))
+      const bad = yield* Effect.flip(completeChat(adapter, request))
       expect(bad).toMatchObject({ kind: "status", status: 400 })
       expect(bad.detail).toContain("plain text problem")
     }))
@@ -228,13 +229,13 @@ describe("openai-compatible adapter: complete", () => {
   it.live("connection failures: refused and dropped before headers are connect errors", () =>
     Effect.gen(function*() {
       const refused = yield* openAiCompatibleAdapter(providerFor(`http://127.0.0.1:${yield* closedPort}/v1`))
-      const error = yield* Effect.flip(refused.complete(ask({ stream: false })))
+      const error = yield* Effect.flip(completeChat(refused, ask({ stream: false })))
       expect(error.kind).toBe("connect")
       expect(error.detail).toContain("ECONNREFUSED")
 
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.dropBeforeHeaders())
-      expect((yield* Effect.flip(adapter.complete(ask({ stream: false })))).kind).toBe("connect")
+      expect((yield* Effect.flip(completeChat(adapter, ask({ stream: false })))).kind).toBe("connect")
     }))
 
   it.live("bad bodies are protocol errors: not JSON, no message, error, dropped mid-body, cut stream", () =>
@@ -252,20 +253,20 @@ describe("openai-compatible adapter: complete", () => {
         Behaviour.stream([Chunks.content("a")], { done: false })
       )
       const request = ask({ stream: false })
-      const json = yield* Effect.flip(adapter.complete(request))
+      const json = yield* Effect.flip(completeChat(adapter, request))
       expect(json).toMatchObject({ kind: "protocol" })
       expect(json.detail).toContain("not JSON")
-      expect(yield* Effect.flip(adapter.complete(request))).toMatchObject({
+      expect(yield* Effect.flip(completeChat(adapter, request))).toMatchObject({
         kind: "protocol",
         detail: "answer has no choices[0].message"
       })
-      const crashed = yield* Effect.flip(adapter.complete(request))
+      const crashed = yield* Effect.flip(completeChat(adapter, request))
       expect(crashed).toMatchObject({ kind: "protocol" })
       expect(crashed.detail).toContain("backend crashed")
-      const dropped = yield* Effect.flip(adapter.complete(request))
+      const dropped = yield* Effect.flip(completeChat(adapter, request))
       expect(dropped).toMatchObject({ kind: "protocol" })
       expect(dropped.detail).toContain("connection lost mid-answer")
-      expect(yield* Effect.flip(adapter.complete(ask()))).toMatchObject({
+      expect(yield* Effect.flip(completeChat(adapter, ask()))).toMatchObject({
         kind: "protocol",
         detail: "upstream ended the stream before finishing"
       })
@@ -284,11 +285,11 @@ describe("openai-compatible adapter: complete", () => {
         })
       )
       const started = Date.now()
-      const error = yield* Effect.flip(adapter.complete(ask({ stream: false })))
+      const error = yield* Effect.flip(completeChat(adapter, ask({ stream: false })))
       expect(error).toMatchObject({ kind: "timeout", detail: "no first token within 150 ms" })
       expect(Date.now() - started).toBeGreaterThanOrEqual(140)
       yield* waitAborts(mock, 1)
-      expect(yield* adapter.complete(ask({ stream: false }))).toEqual([
+      expect(yield* completeChat(adapter, ask({ stream: false }))).toEqual([
         { _tag: "Content", text: "late" },
         { _tag: "Finish", reason: "stop" }
       ])
@@ -302,10 +303,10 @@ describe("openai-compatible adapter: complete", () => {
         Behaviour.stream([raw("{\"choices\":")], json),
         Behaviour.stream(Array.from({ length: 40 }, () => raw(" ")), { delayMs: 40, contentType: "application/json" })
       )
-      const idle = yield* Effect.flip(adapter.complete(ask({ stream: false })))
+      const idle = yield* Effect.flip(completeChat(adapter, ask({ stream: false })))
       expect(idle).toMatchObject({ kind: "timeout", detail: "upstream idle for 150 ms" })
       yield* waitAborts(mock, 1)
-      const total = yield* Effect.flip(adapter.complete(ask({ stream: false })))
+      const total = yield* Effect.flip(completeChat(adapter, ask({ stream: false })))
       expect(total).toMatchObject({ kind: "timeout", detail: "answer took longer than 400 ms" })
       yield* waitAborts(mock, 2)
     }))
@@ -315,7 +316,7 @@ describe("openai-compatible adapter: complete", () => {
       const { server } = yield* silentServer
       const port = (server.address() as Net.AddressInfo).port
       const adapter = yield* openAiCompatibleAdapter(providerFor(`https://127.0.0.1:${port}/v1`, { connect_ms: 150 }))
-      const error = yield* Effect.flip(adapter.complete(ask({ stream: false })))
+      const error = yield* Effect.flip(completeChat(adapter, ask({ stream: false })))
       expect(error).toMatchObject({ kind: "timeout" })
       expect(error.detail).toContain("connect timed out after 150 ms")
     }))
@@ -324,7 +325,7 @@ describe("openai-compatible adapter: complete", () => {
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 3_000, idle_ms: 10_000 } })
       mock.script(Behaviour.hangBeforeHeaders())
-      const fiber = yield* Effect.forkChild(Effect.flip(adapter.complete(ask({ stream: false }))))
+      const fiber = yield* Effect.forkChild(Effect.flip(completeChat(adapter, ask({ stream: false }))))
       yield* until(() => mock.requests.length === 1)
       yield* TestClock.adjust("2999 millis")
       expect(fiber.pollUnsafe()).toBeUndefined()
@@ -336,7 +337,7 @@ describe("openai-compatible adapter: complete", () => {
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.hangBeforeHeaders())
-      const fiber = yield* Effect.forkChild(adapter.complete(ask({ stream: false })))
+      const fiber = yield* Effect.forkChild(completeChat(adapter, ask({ stream: false })))
       yield* until(() => mock.requests.length === 1)
       yield* Fiber.interrupt(fiber)
       yield* waitAborts(mock, 1)
@@ -346,7 +347,7 @@ describe("openai-compatible adapter: complete", () => {
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup()
       mock.script(Behaviour.json(Chunks.completion({ content: "x" })))
-      for (let i = 0; i < 5; i++) yield* adapter.complete(ask({ stream: false }))
+      for (let i = 0; i < 5; i++) yield* completeChat(adapter, ask({ stream: false }))
       // The Effect may resume before undici has put the connection back: a second one may open.
       expect(mock.connections().closed).toBe(0)
       expect(mock.connections().opened).toBeLessThanOrEqual(2)
@@ -732,7 +733,8 @@ describe("openai-compatible adapter: open back-pressure", () => {
       // About 64 MB: more than the loopback socket buffers on both sides can hold.
       const frames = 16_000
       const flood = yield* floodServer(frames, "x".repeat(4_000))
-      const adapter = yield* openAiCompatibleAdapter(providerFor(flood.url))
+      // 64 MB through a loaded machine can take longer than the default total_ms of these tests (10 s).
+      const adapter = yield* openAiCompatibleAdapter(providerFor(flood.url, { total_ms: 60_000 }))
       let paused = false
       let pausedOnce = false
       let deliveredWhilePaused = 0

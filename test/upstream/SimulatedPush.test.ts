@@ -15,6 +15,7 @@ import type {
   UpstreamRequest,
   UpstreamSink
 } from "../../src/upstream/Upstream.js"
+import { completeChat } from "../../src/upstream/Complete.js"
 
 const ask = (text: string, extra: Partial<UpstreamRequest> = {}): UpstreamRequest => ({
   model: "sim-pro",
@@ -75,7 +76,7 @@ describe("simulated adapter: complete and open", () => {
   it.effect("complete: the plan's events at once without latency settings", () =>
     Effect.gen(function*() {
       const request = ask("hello there", { reasoning_effort: "low" })
-      expect(yield* instant.complete(request)).toEqual(planChat(request).events)
+      expect(yield* completeChat(instant, request)).toEqual(planChat(request).events)
     }))
 
   it.effect("complete: after the last event's due time on the TestClock", () =>
@@ -84,7 +85,7 @@ describe("simulated adapter: complete and open", () => {
       const request = ask("Tell me about rivers in spring")
       const plan = planChat(request)
       const total = 100 + plan.costs.slice(1).reduce((a, b) => a + b, 0) * 100
-      const fiber = yield* Effect.forkChild(adapter.complete(request))
+      const fiber = yield* Effect.forkChild(completeChat(adapter, request))
       yield* TestClock.adjust(`${total - 1} millis`)
       expect(fiber.pollUnsafe()).toBeUndefined()
       yield* TestClock.adjust("1 millis")
@@ -219,7 +220,7 @@ describe("openai-compatible adapter against the sim server", () => {
           if (call.arguments !== "") merged.push({ _tag: "ToolCallArgs", index, fragment: call.arguments })
         })
         merged.push({ _tag: "Finish", reason: plan.finish }, { _tag: "Usage", usage: plan.usage })
-        expect(yield* adapter.complete({ ...request, stream: false })).toEqual(merged)
+        expect(yield* completeChat(adapter, { ...request, stream: false })).toEqual(merged)
       }
     }))
 

@@ -4,7 +4,7 @@ import {
   mapFinishReason,
   normalizeToolCallId
 } from "../../src/upstream/openai-compatible/Normalize.js"
-import { SseParser } from "../../src/upstream/openai-compatible/Sse.js"
+import { SseParser } from "../../src/upstream/http/Sse.js"
 
 const parseAll = (pieces: ReadonlyArray<string>): Array<string> => {
   const out: Array<string> = []
@@ -122,10 +122,10 @@ describe("ChatNormalizer", () => {
     n.onData(chunk({ content: "a" }))
     expect(n.skipped).toBe(1)
     expect(n.lastSkipped).toBe("{not json")
-    expect(n.end()).toMatch(/before finishing/)
+    expect(n.end()).toMatchObject({ kind: "protocol", detail: expect.stringMatching(/before finishing/) })
     const e = new ChatNormalizer()
     e.onData(JSON.stringify({ error: { message: "model overloaded" } }))
-    expect(e.end()).toBe("upstream error: model overloaded")
+    expect(e.end()).toMatchObject({ kind: "protocol", detail: "upstream error: model overloaded" })
   })
 
   it("reads a whole chat.completion body", () => {
@@ -149,6 +149,9 @@ describe("ChatNormalizer", () => {
       { _tag: "Finish", reason: "tool_calls" },
       { _tag: "Usage", usage: { prompt_tokens: 1, completion_tokens: 2, reasoning_tokens: 0, cached_tokens: 0 } }
     ])
-    expect(new ChatNormalizer().onJson({ choices: [] })).toMatch(/no choices/)
+    expect(new ChatNormalizer().onJson({ choices: [] })).toMatchObject({
+      kind: "protocol",
+      detail: expect.stringMatching(/no choices/)
+    })
   })
 })

@@ -5,6 +5,7 @@ import { layerStatic, makeUpstreams } from "../../src/upstream/Upstreams.js"
 import { planChat } from "../../src/upstream/simulated/Engine.js"
 import { type UpstreamRequest, Upstreams } from "../../src/upstream/Upstream.js"
 import { Behaviour, Chunks, startMockUpstream } from "../support/MockUpstream.js"
+import { upstreamStream } from "../support/UpstreamStream.js"
 
 const ask: UpstreamRequest = { model: "m", stream: true, max_tokens: 50, messages: [{ role: "user", content: "hello" }] }
 const sim: Provider = { kind: "simulated", first_token_ms: 0, tokens_per_second: 0 }
@@ -26,7 +27,7 @@ describe("Upstreams", () => {
     Effect.gen(function*() {
       const upstreams = yield* Upstreams
       const adapter = yield* upstreams.get("sim")
-      const events = yield* Stream.runCollect(adapter.chat(ask))
+      const events = yield* Stream.runCollect(upstreamStream(adapter, ask))
       expect(events).toEqual(planChat(ask).events)
       expect(yield* upstreams.get("sim")).toBe(adapter)
       const error = yield* Effect.flip(upstreams.get("nope"))
@@ -49,11 +50,11 @@ describe("Upstreams", () => {
       yield* Ref.update(providers, (p) => ({ ...p, up: { ...openAi(mock.url), connections: 3 } }))
       const second = yield* upstreams.get("up")
       expect(second).not.toBe(first)
-      const events = yield* Stream.runCollect(second.chat(ask))
+      const events = yield* Stream.runCollect(upstreamStream(second, ask))
       expect(events[0]).toEqual({ _tag: "Content", text: "up" })
       // The old pool is closing: new requests on it are refused.
       yield* Effect.sleep("20 millis")
-      const old = yield* Effect.flip(Stream.runCollect(first.chat(ask)))
+      const old = yield* Effect.flip(Stream.runCollect(upstreamStream(first, ask)))
       expect(old.kind).toBe("connect")
       expect(mock.requests).toHaveLength(1)
     }))
@@ -65,7 +66,7 @@ describe("Upstreams", () => {
       process.env.WELLSPRING_UPSTREAM_TEST_KEY = "sk-from-env"
       yield* Effect.addFinalizer(() => Effect.sync(() => delete process.env.WELLSPRING_UPSTREAM_TEST_KEY))
       const upstreams = yield* makeUpstreams(Effect.succeed({ up: openAi(mock.url, "WELLSPRING_UPSTREAM_TEST_KEY") }))
-      yield* Stream.runCollect((yield* upstreams.get("up")).chat(ask))
+      yield* Stream.runCollect(upstreamStream(yield* upstreams.get("up"), ask))
       expect(mock.requests[0]!.headers.authorization).toBe("Bearer sk-from-env")
     }))
 
@@ -75,10 +76,10 @@ describe("Upstreams", () => {
       const scope = yield* Scope.make()
       const upstreams = yield* makeUpstreams(Effect.succeed({ up: openAi(mock.url) })).pipe(Scope.provide(scope))
       const adapter = yield* upstreams.get("up")
-      yield* Stream.runCollect(adapter.chat(ask))
+      yield* Stream.runCollect(upstreamStream(adapter, ask))
       expect(mock.connections()).toMatchObject({ opened: 1, closed: 0 })
       yield* Scope.close(scope, Exit.void)
-      expect((yield* Effect.flip(Stream.runCollect(adapter.chat(ask)))).kind).toBe("connect")
+      expect((yield* Effect.flip(Stream.runCollect(upstreamStream(adapter, ask)))).kind).toBe("connect")
       yield* Effect.promise(() =>
         new Promise<void>((resolve) => {
           const check = () => (mock.connections().closed === 1 ? resolve() : setTimeout(check, 5))

@@ -25,7 +25,7 @@
  */
 import { createHash } from "node:crypto"
 import { normalizeToolCallId } from "../openai-compatible/Normalize.js"
-import { SseParser } from "../openai-compatible/Sse.js"
+import { SseParser } from "../http/Sse.js"
 import type { FinishReason, UpstreamError, UpstreamEvent, Usage } from "../Upstream.js"
 import { errorFromEvent, protocolError } from "./Errors.js"
 

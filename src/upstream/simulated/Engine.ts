@@ -1,13 +1,14 @@
 /**
  * A deterministic simulated model. The same request always yields the same events, so tests and
  * benchmarks can assert exact output. `planChat` is pure and synchronous (the HTTP sim server uses it
- * directly); `simulateChat` paces a plan with `Effect.sleep`, so `TestClock` drives the latency.
- * `simulateComplete` and `simulateOpen` are the adapter's Stream-free `complete` and `open`.
+ * directly); `simulateOpen` is the in-process adapter's `open`, paced on the Effect clock so that
+ * `TestClock` drives the latency.
  */
 import { createHash } from "node:crypto"
-import { Cause, Clock, Context, Effect, type Fiber, Option, Stream } from "effect"
+import { Clock, Effect, type Fiber } from "effect"
 import type { SimulatedProvider } from "../../config/GatewayConfig.js"
-import { DetachedLog } from "../DetachedLog.js"
+import { startTimer, stopTimer, type Timer } from "../../runtime/Timers.js"
+import { NO_EVENTS, PushCall } from "../PushCall.js"
 import type {
   ContentPart,
   FinishReason,
@@ -15,6 +16,7 @@ import type {
   ToolDefinition,
   UpstreamAdapter,
   UpstreamCall,
+  UpstreamError,
   UpstreamEvent,
   UpstreamRequest,
   UpstreamSink,
@@ -439,144 +441,68 @@ export const schedule = (plan: Pick<ChatPlan, "costs">, timing: SimulatedTiming)
   return due
 }
 
-/** The plan as a Stream, paced on the Effect `Clock` (events due at the same time share a chunk). */
-export const simulateChat = (request: UpstreamRequest, timing: SimulatedTiming): Stream.Stream<UpstreamEvent> =>
-  Stream.suspend(() => {
-    const plan = planChat(request)
-    if (timing.first_token_ms <= 0 && timing.tokens_per_second <= 0) return Stream.fromIterable(plan.events)
-    const due = schedule(plan, timing)
-    const events = plan.events
-    return Stream.unwrap(Effect.map(Clock.currentTimeMillis, (start) => {
-      const take = (from: number, now: number): readonly [ReadonlyArray<UpstreamEvent>, Option.Option<number>] => {
-        let to = from + 1
-        while (to < events.length && start + due[to]! <= now) to++
-        return [events.slice(from, to), to < events.length ? Option.some(to) : Option.none()] as const
-      }
-      return Stream.paginate(0, (from: number) =>
-        Effect.flatMap(Clock.currentTimeMillis, (now) => {
-          const wait = start + due[from]! - now
-          return wait > 0
-            ? Effect.map(Effect.andThen(Effect.sleep(wait), Clock.currentTimeMillis), (later) => take(from, later))
-            : Effect.succeed(take(from, now))
-        }))
-    }))
-  })
-
-/** The whole plan after the time its last event is due (no sleep at all when unpaced). */
-export const simulateComplete = (
-  request: UpstreamRequest,
-  timing: SimulatedTiming
-): Effect.Effect<ReadonlyArray<UpstreamEvent>> =>
-  Effect.suspend(() => {
-    const plan = planChat(request)
-    if (timing.first_token_ms <= 0 && timing.tokens_per_second <= 0) return Effect.succeed(plan.events)
-    const due = schedule(plan, timing)
-    const last = due[due.length - 1]!
-    return last > 0 ? Effect.as(Effect.sleep(last), plan.events) : Effect.succeed(plan.events)
-  })
-
-/** The default clock: every fiber without a provided `Clock` (e.g. no `TestClock`) sees this one. */
-const liveClock = Context.get(Context.empty(), Clock.Clock)
-
 /**
- * A push-based simulated call (`UpstreamAdapter.open`), with the same guarantees as the HTTP
- * adapter's: events in order in batches of what is due, then `onEnd`; nothing while paused. Pacing
- * uses plain timers on the live clock and a forked fiber sleeping on any other clock (TestClock).
+ * A push-based simulated call (`UpstreamAdapter.open`) on the shared `PushCall`: `open` resolves when
+ * the first event is due, later events are delivered in batches of what is due, then `onEnd`.
+ * Pacing uses `startTimer` on the opening fiber's clock (a plain timer live, a fiber on a TestClock).
  */
-class SimulatedCall implements UpstreamCall {
-  first: ReadonlyArray<UpstreamEvent> = []
+class SimulatedCall extends PushCall {
   private next = 0
-  private held = true
-  private finished = false
-  private delivering = false
-  private resumedInside = false
-  private timer: ReturnType<typeof setTimeout> | undefined = undefined
-  private pacer: Fiber.Fiber<void> | undefined = undefined
+  private timer: Timer | undefined = undefined
+  private readonly clock: Clock.Clock
 
   constructor(
+    opener: Fiber.Fiber<unknown, unknown>,
+    sink: UpstreamSink,
     private readonly events: ReadonlyArray<UpstreamEvent>,
-    /** When each event is due, absolute on `clock`; undefined when unpaced (all in `first`). */
-    private readonly due: Float64Array | undefined,
-    private readonly clock: Clock.Clock,
-    private readonly sink: UpstreamSink,
-    private readonly log: DetachedLog
+    /** When each event is due (ms after the call starts); undefined when unpaced (all at once). */
+    private readonly due: Float64Array | undefined
   ) {
-    // Resolution happens when the first event is due (a timer may fire a little early).
-    this.next = due === undefined ? events.length : Math.max(1, this.dueBy(0, clock.currentTimeMillisUnsafe()))
-    this.first = this.next === events.length ? events : events.slice(0, this.next)
+    super(opener, sink)
+    this.clock = opener.getRef(Clock.Clock)
   }
 
-  private dueBy(from: number, now: number): number {
-    let to = from
-    while (to < this.events.length && this.due![to]! <= now) to++
-    return to
-  }
-
-  private deliver(): void {
-    if (this.delivering) return
-    this.delivering = true
-    try {
-      while (!this.finished && !this.held) {
-        if (this.next >= this.events.length) {
-          this.finished = true
-          this.sink.onEnd()
-          break
-        }
-        const now = this.clock.currentTimeMillisUnsafe()
-        const to = this.dueBy(this.next, now)
-        if (to === this.next) {
-          this.wake(this.due![to]! - now)
-          break
-        }
-        const batch = this.events.slice(this.next, to)
-        this.next = to
-        this.resumedInside = false
-        if (!this.sink.onEvents(batch) && !this.resumedInside) this.held = true
-      }
-    } catch (defect) {
-      this.abort()
-      this.log.run(Effect.logError("upstream sink callback threw; call aborted", Cause.die(defect)))
-    } finally {
-      this.delivering = false
+  protected start(): void {
+    const due = this.due
+    if (due !== undefined) {
+      const start = this.clock.currentTimeMillisUnsafe()
+      for (let i = 0; i < due.length; i++) due[i] = due[i]! + start
     }
+    this.signal()
+  }
+
+  protected take(): ReadonlyArray<UpstreamEvent> {
+    const events = this.events
+    const from = this.next
+    if (from >= events.length) return NO_EVENTS
+    let to = events.length
+    const due = this.due
+    if (due !== undefined) {
+      const now = this.clock.currentTimeMillisUnsafe()
+      to = from
+      while (to < events.length && due[to]! <= now) to++
+      if (to === from) return NO_EVENTS
+    }
+    this.next = to
+    if (to === events.length) this.done = true
+    return from === 0 && to === events.length ? events : events.slice(from, to)
+  }
+
+  /** Wakes when the next event is due (a timer may fire a little early: it then re-arms). */
+  protected override waiting(): void {
+    if (this.timer !== undefined || this.done || this.due === undefined) return
+    const wait = this.due[this.next]! - this.clock.currentTimeMillisUnsafe()
+    this.timer = startTimer(this.clock, Math.max(wait, 0), this.tick)
   }
 
   private readonly tick = (): void => {
     this.timer = undefined
-    this.pacer = undefined
-    this.deliver()
+    this.signal()
   }
 
-  /** Calls `tick` after `wait` ms on the call's clock (once: a pending wake is kept). */
-  private wake(wait: number): void {
-    if (this.timer !== undefined || this.pacer !== undefined) return
-    if (this.clock === liveClock) {
-      this.timer = setTimeout(this.tick, wait)
-      return
-    }
-    const sleep = Effect.andThen(Effect.sleep(wait), Effect.sync(this.tick))
-    this.pacer = Effect.runFork(Effect.provideService(sleep, Clock.Clock, this.clock))
-  }
-
-  readonly resume = (): void => {
-    if (this.finished) return
-    if (!this.held) {
-      if (this.delivering) this.resumedInside = true
-      return
-    }
-    this.held = false
-    this.deliver()
-  }
-
-  readonly abort = (): void => {
-    this.finished = true
-    clearTimeout(this.timer)
+  protected release(): void {
+    stopTimer(this.timer)
     this.timer = undefined
-    const pacer = this.pacer
-    if (pacer !== undefined) {
-      this.pacer = undefined
-      pacer.interruptUnsafe()
-    }
   }
 }
 
@@ -585,19 +511,11 @@ export const simulateOpen = (
   request: UpstreamRequest,
   timing: SimulatedTiming,
   sink: UpstreamSink
-): Effect.Effect<UpstreamCall> =>
+): Effect.Effect<UpstreamCall, UpstreamError> =>
   Effect.withFiber((fiber) => {
     const plan = planChat(request)
-    const clock = fiber.getRef(Clock.Clock)
-    if (timing.first_token_ms <= 0 && timing.tokens_per_second <= 0) {
-      return Effect.succeed(new SimulatedCall(plan.events, undefined, clock, sink, new DetachedLog(fiber)))
-    }
-    const due = schedule(plan, timing)
-    const start = clock.currentTimeMillisUnsafe()
-    for (let i = 0; i < due.length; i++) due[i] = due[i]! + start
-    const make = Effect.sync(() => new SimulatedCall(plan.events, due, clock, sink, new DetachedLog(fiber)))
-    const wait = due[0]! - start
-    return wait > 0 ? Effect.andThen(Effect.sleep(wait), make) : make
+    const paced = timing.first_token_ms > 0 || timing.tokens_per_second > 0
+    return new SimulatedCall(fiber, sink, plan.events, paced ? schedule(plan, timing) : undefined).run
   })
 
 // ---------------------------------------------------------------------------------------------
@@ -629,8 +547,6 @@ export const makeSimulatedAdapter = (provider: SimulatedProviderConfig): Upstrea
     tokens_per_second: provider.tokens_per_second
   }
   return {
-    chat: (request) => simulateChat(request, timing),
-    complete: (request) => simulateComplete(request, timing),
     open: (request, sink) => simulateOpen(request, timing, sink),
     embed: (_model, input) =>
       Effect.sync(() => {

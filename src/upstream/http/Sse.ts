@@ -2,6 +2,8 @@
  * An incremental Server-Sent Events parser for upstream responses: text may be split anywhere,
  * lines end with `\n`, `\r\n` or `\r`, `:` lines are comments, and only `data` fields matter
  * (multi-line data is joined with `\n`). Each completed event's data is handed to `onData`.
+ * Shared by every HTTP upstream (the wire formats carry the event type inside the data: OpenAI's
+ * chunks, Anthropic's `{"type": ...}` events), so the `event` field is not kept.
  */
 export class SseParser {
   private buffer = ""

@@ -1,0 +1,56 @@
+/** OpenAI-compatible embeddings: `POST <base>/embeddings`, one buffered JSON answer. */
+import { Effect } from "effect"
+import type { HttpTransport } from "../http/Transport.js"
+import { type UpstreamAdapter, UpstreamError } from "../Upstream.js"
+import { encodeEmbeddingsRequest, requestHeaders } from "./Encode.js"
+import { statusError } from "./Errors.js"
+
+export const decodeEmbeddings = (
+  text: string,
+  count: number
+): { vectors: Array<ReadonlyArray<number>>; prompt_tokens: number } | UpstreamError => {
+  let body: any
+  try {
+    body = JSON.parse(text)
+  } catch {
+    return new UpstreamError({ kind: "protocol", detail: `embeddings answer is not JSON: ${text.slice(0, 200)}` })
+  }
+  if (!Array.isArray(body?.data) || body.data.length !== count) {
+    return new UpstreamError({ kind: "protocol", detail: `embeddings answer does not hold ${count} vectors` })
+  }
+  const vectors = new Array<ReadonlyArray<number>>(count)
+  for (let i = 0; i < count; i++) {
+    const item = body.data[i]
+    const at = typeof item?.index === "number" ? item.index : i
+    let vector = item?.embedding
+    if (typeof vector === "string") {
+      const bytes = Buffer.from(vector, "base64")
+      vector = Array.from(new Float32Array(bytes.buffer, bytes.byteOffset, bytes.length >> 2))
+    }
+    if (!Array.isArray(vector) || at < 0 || at >= count) {
+      return new UpstreamError({ kind: "protocol", detail: "embeddings answer holds an invalid vector" })
+    }
+    vectors[at] = vector
+  }
+  const usage = body.usage
+  return { vectors, prompt_tokens: typeof usage?.prompt_tokens === "number" ? usage.prompt_tokens : 0 }
+}
+
+/** `UpstreamAdapter.embed` over `transport`: `POST <basePath>/embeddings`, `apiKey` as a bearer token. */
+export const openAiEmbed = (
+  transport: HttpTransport,
+  basePath: string,
+  apiKey: string | undefined
+): UpstreamAdapter["embed"] => {
+  const path = `${basePath}/embeddings`
+  const headers = requestHeaders(apiKey, "application/json")
+  return (model, input) =>
+    Effect.flatMap(
+      transport.request({ method: "POST", path, headers, body: encodeEmbeddingsRequest(model, input) }, "embeddings"),
+      ({ status, text }) => {
+        if (status < 200 || status >= 300) return Effect.fail(statusError(status, text))
+        const decoded = decodeEmbeddings(text, input.length)
+        return decoded instanceof UpstreamError ? Effect.fail(decoded) : Effect.succeed(decoded)
+      }
+    )
+}
