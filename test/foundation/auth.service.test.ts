@@ -11,6 +11,7 @@ import * as Accounts from "../../src/accounts/AccountsRepo.js"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
 import * as AuthModule from "../../src/auth/Auth.js"
 import { generateKey, hashKey } from "../../src/auth/KeyMaterial.js"
+import * as KeyStore from "../../src/auth/KeyStore.js"
 import { type GatewayConfig, loadConfig } from "../../src/config/GatewayConfig.js"
 import { Settings } from "../../src/config/Live.js"
 import * as Sql from "../../src/store/Sql.js"
@@ -33,7 +34,7 @@ const settingsWith = (access: Partial<Access> = {}): Context.Service.Shape<typeo
   }
 }
 
-type Services = SqlClient.SqlClient | AccountsRepo
+type Services = SqlClient.SqlClient | AccountsRepo | KeyStore.KeyStore
 let db: FreshDatabase
 let runtime: ManagedRuntime.ManagedRuntime<Services, unknown>
 let context: Context.Context<Services>
@@ -79,7 +80,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
   beforeAll(async () => {
     db = await freshDatabase("auth")
     const layer = Layer.provideMerge(
-      Accounts.layer,
+      Layer.merge(Accounts.layer, KeyStore.layer),
       Layer.merge(
         Layer.succeed(Settings, settingsWith()),
         Sql.layerSql({ databaseUrl: Redacted.make(db.url), dataDir: "unused" })
