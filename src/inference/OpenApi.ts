@@ -6,7 +6,8 @@ import { inferenceBody } from "../errors/Render.js"
 import { ChatRequest, ToolCall } from "./ChatRequest.js"
 import { EmbeddingsRequest } from "./Embeddings.js"
 
-// Response schemas document the wire format; requests reuse the schemas that validate them.
+// Response schemas document the wire format (numbers are Finite: JSON carries no Infinity or NaN, and a plain
+// Number would document them as strings); requests reuse the schemas that validate them.
 const ErrorEnvelope = Schema.Struct({
   error: Schema.Struct({
     message: Schema.String,
@@ -17,11 +18,11 @@ const ErrorEnvelope = Schema.Struct({
 }).annotate({ identifier: "ErrorEnvelope" })
 
 const Pool = Schema.Struct({
-  used_pct: Schema.Number,
-  remaining_pct: Schema.Number,
+  used_pct: Schema.Finite,
+  remaining_pct: Schema.Finite,
   resets_at: Schema.NullOr(Schema.String),
   resets_in_seconds: Schema.Int,
-  request_pct: Schema.optionalKey(Schema.Number)
+  request_pct: Schema.optionalKey(Schema.Finite)
 }).annotate({ identifier: "Pool" })
 
 const Receipt = Schema.Struct({
@@ -85,11 +86,11 @@ const Account = Schema.Struct({
 }).annotate({ identifier: "Account" })
 
 const UsageBucket = Schema.Struct({
-  used_pct: Schema.Number,
-  remaining_pct: Schema.Number,
+  used_pct: Schema.Finite,
+  remaining_pct: Schema.Finite,
   resets_at: Schema.NullOr(Schema.String),
   resets_in_seconds: Schema.Int,
-  by_model: Schema.Array(Schema.Struct({ model_id: Schema.String, request_count: Schema.Int, pct_of_total: Schema.Number }))
+  by_model: Schema.Array(Schema.Struct({ model_id: Schema.String, request_count: Schema.Int, pct_of_total: Schema.Finite }))
 })
 
 const EmbeddingsRequestDoc = EmbeddingsRequest.annotate({
@@ -102,7 +103,7 @@ const Embeddings = Schema.Struct({
   data: Schema.Array(Schema.Struct({
     object: Schema.Literal("embedding"),
     index: Schema.Int,
-    embedding: Schema.Union([Schema.Array(Schema.Number), Schema.String])
+    embedding: Schema.Union([Schema.Array(Schema.Finite), Schema.String])
   })),
   model: Schema.String,
   usage: Schema.Struct({ prompt_tokens: Schema.Int, total_tokens: Schema.Int })
