@@ -87,6 +87,11 @@ export const make = Effect.gen(function*() {
   const kek = settings.encryptionKey
 
   const orDie = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.orDie(effect)
+  /**
+   * Times the gateway writes (revocations, rotations, verification) come from the Effect clock, the clock its
+   * cooldowns and caches use. Session expiry alone stays with the database's `now()`, on both sides.
+   */
+  const clockDate = Effect.map(Clock.currentTimeMillis, (ms) => new Date(ms))
   const leaderboard = yield* makeLeaderboard((dayStart) => loadTotals(sql, dayStart))
 
   const findAccount = (id: string) =>
@@ -109,8 +114,7 @@ export const make = Effect.gen(function*() {
 
   return AccountsRepo.of({
     createAccount: (input) =>
-      // The verification stamp is the Effect clock's, like every other time the gateway writes.
-      Clock.currentTimeMillis.pipe(Effect.flatMap((now) =>
+      clockDate.pipe(Effect.flatMap((now) =>
         orDie(sql<AccountRow>`
         INSERT INTO accounts ${
           sql.insert({
@@ -120,7 +124,7 @@ export const make = Effect.gen(function*() {
             community_id: input.communityId ?? null,
             community_type: input.communityType ?? null,
             email: input.email ?? null,
-            email_verified_at: input.email && input.emailVerified !== false ? new Date(now) : null,
+            email_verified_at: input.email && input.emailVerified !== false ? now : null,
             status: input.status ?? "active",
             is_legacy: input.isLegacy ?? false,
             is_admin: input.isAdmin ?? false,
@@ -154,25 +158,25 @@ export const make = Effect.gen(function*() {
         Effect.map((rows) => rows[0]?.n ?? 0)
       ),
     revokeKey: (accountId, keyId) =>
-      orDie(sql<KeyRow>`
-        UPDATE api_keys SET revoked_at = now()
-        WHERE id = ${keyId} AND account_id = ${accountId} AND revoked_at IS NULL RETURNING *`).pipe(
+      orDie(Effect.flatMap(clockDate, (now) => sql<KeyRow>`
+        UPDATE api_keys SET revoked_at = ${now}
+        WHERE id = ${keyId} AND account_id = ${accountId} AND revoked_at IS NULL RETURNING *`)).pipe(
         Effect.map((rows) => rows[0] ?? null)
       ),
     revokeKeyById: (keyId) =>
-      orDie(sql<KeyRow>`
-        UPDATE api_keys SET revoked_at = now() WHERE id = ${keyId} AND revoked_at IS NULL RETURNING *`).pipe(
+      orDie(Effect.flatMap(clockDate, (now) => sql<KeyRow>`
+        UPDATE api_keys SET revoked_at = ${now} WHERE id = ${keyId} AND revoked_at IS NULL RETURNING *`)).pipe(
         Effect.map((rows) => rows[0] ?? null)
       ),
     rotate: (accountId) =>
       orDie(sql.withTransaction(Effect.gen(function*() {
+        // Same clock as the cooldown check of `rotateGuarded`.
+        const now = yield* clockDate
         const revoked = yield* sql<KeyRow>`
-          UPDATE api_keys SET revoked_at = now()
+          UPDATE api_keys SET revoked_at = ${now}
           WHERE account_id = ${accountId} AND revoked_at IS NULL RETURNING *`
         const { key } = yield* insertKey(accountId, ROTATED_KEY_LABEL, false)
-        // Same clock as the cooldown check of `rotateGuarded`.
-        const now = yield* Clock.currentTimeMillis
-        yield* sql`UPDATE accounts SET last_rotated_at = ${new Date(now)} WHERE id = ${accountId}`
+        yield* sql`UPDATE accounts SET last_rotated_at = ${now} WHERE id = ${accountId}`
         return { key, revoked }
       }))),
     reveal: (row) => (row.ciphertext && kek ? open(kek, row.ciphertext, keyAad(row.id)) : null),
@@ -214,7 +218,7 @@ export const make = Effect.gen(function*() {
           RETURNING id`
         if (stamped.length === 0) return null
         const revoked = yield* sql<KeyRow>`
-          UPDATE api_keys SET revoked_at = now()
+          UPDATE api_keys SET revoked_at = ${at}
           WHERE account_id = ${accountId} AND revoked_at IS NULL RETURNING *`
         const { key, row } = yield* insertKey(accountId, ROTATED_KEY_LABEL, false)
         return { key, row, revoked }
