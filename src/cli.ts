@@ -10,7 +10,7 @@ import { SqlClient } from "effect/sql"
 import * as Url from "node:url"
 import { ACCOUNT_STATUSES, type AccountRow, type AccountStatus, AccountsRepo, DEFAULT_KEY_LABEL, type KeyRow } from "./accounts/AccountsRepo.js"
 import * as Accounts from "./accounts/AccountsRepo.js"
-import { INVALIDATION_CHANNEL } from "./auth/Auth.js"
+import * as Invalidation from "./auth/Invalidation.js"
 import { ConfigLoadError, type GatewayConfig, loadConfig } from "./config/GatewayConfig.js"
 import { makeSettings, Settings } from "./config/Live.js"
 import * as EmbeddedLock from "./store/EmbeddedLock.js"
@@ -32,8 +32,8 @@ type Flags = Readonly<Record<string, string | true>>
 
 interface CommandEnv {
   readonly config: GatewayConfig
-  /** Sends `key:<hash>` / `account:<id>` to every gateway replica (no-op in embedded mode). */
-  readonly announce: (message: string) => Effect.Effect<void, never, SqlClient.SqlClient>
+  /** Drops a key or an account from every gateway replica's key cache (no-op in embedded mode). */
+  readonly announce: (invalidation: Invalidation.Invalidation) => Effect.Effect<void, never, SqlClient.SqlClient>
   /** Printed after changes a running embedded gateway cannot be told about. */
   readonly cacheNote: string | null
   readonly out: (line: string) => Effect.Effect<void>
@@ -196,7 +196,7 @@ const accountStatus: CommandSpec = {
       const account = yield* resolveAccount(flags, "id")
       yield* repo.setStatus(account.id, status)
       yield* repo.audit(account.id, "account.status", account.id, { via: "cli", from: account.status, to: status })
-      yield* env.announce(`account:${account.id}`)
+      yield* env.announce(Invalidation.account(account.id))
       yield* env.out(`${describe(account)}: status ${account.status} -> ${status}`)
       if (env.cacheNote) yield* env.out(env.cacheNote)
     })
@@ -263,7 +263,7 @@ const keyRevoke: CommandSpec = {
       const row = yield* repo.revokeKeyById(id)
       if (row === null) return yield* Effect.fail(usage(`no active key with id ${id}`))
       yield* repo.audit(row.account_id, "key.delete", String(row.id), { via: "cli" })
-      yield* env.announce(`key:${row.key_hash}`)
+      yield* env.announce(Invalidation.key(row.key_hash))
       yield* env.out(`Key ${row.id} ("${row.label}") of ${row.account_id} revoked`)
       if (env.cacheNote) yield* env.out(env.cacheNote)
     })
@@ -458,17 +458,19 @@ export const run = async (
   }
   const env: CommandEnv = {
     config,
-    announce: (message) =>
+    announce: (invalidation) =>
       config.database_url
         ? SqlClient.SqlClient.pipe(
-          Effect.flatMap((sql) => Sql.notify(sql, INVALIDATION_CHANNEL, message)),
+          Effect.flatMap((sql) => Invalidation.publish(sql, invalidation)),
           Effect.catch((e) =>
             Effect.sync(() => io.err(`warning: could not notify running gateways: ${Sql.rootMessage(e)}\n`))
           )
         )
         : Effect.void,
     cacheNote: owner
-      ? `note: the running embedded gateway (process ${owner.pid}) may keep this key or account in its cache for up to 60 s`
+      ? `note: the running embedded gateway (process ${owner.pid}) may keep this key or account in its cache for up to ${
+        Invalidation.POSITIVE_TTL_MS / 1000
+      } s`
       : null,
     out: (line) => Effect.sync(() => io.out(line + "\n"))
   }

@@ -1,52 +1,16 @@
-import { Context, Effect, Layer } from "effect"
+import { Clock, Context, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import * as Crypto from "node:crypto"
 import { generateKey, hashKey, keyPrefixOf, LEGACY_PREFIX, open, randomBase62, seal } from "../auth/KeyMaterial.js"
+import type { AccountRow, KeyRow } from "../auth/Rows.js"
 import { Settings } from "../config/Live.js"
 import { type Leaderboard, loadTotals, makeLeaderboard } from "./Leaderboard.js"
 
 export const ACCOUNT_STATUSES = ["active", "unlinked", "revoked"] as const
 export type AccountStatus = (typeof ACCOUNT_STATUSES)[number]
 
-export interface AccountRow {
-  readonly id: string
-  readonly display_id: number
-  readonly username: string
-  readonly display_name: string
-  readonly community_id: string | null
-  readonly community_type: string | null
-  readonly email: string | null
-  readonly email_verified_at: Date | null
-  readonly status: string
-  readonly is_guest: boolean
-  readonly guest_expires_at: Date | null
-  readonly is_admin: boolean
-  readonly is_legacy: boolean
-  readonly needs_migration: boolean
-  readonly plan: string | null
-  readonly sfw_mode: boolean
-  readonly byok_fallback_override: boolean | null
-  readonly created_at: Date
-  readonly last_used_at: Date | null
-  readonly last_rotated_at: Date | null
-  readonly liveness_blocked_at: Date | null
-  readonly next_liveness_at: Date | null
-  readonly password_changed_at: Date | null
-  readonly last_nick_changed_at: Date | null
-}
-
-export interface KeyRow {
-  readonly id: number
-  readonly account_id: string
-  readonly label: string
-  readonly key_hash: string
-  readonly key_prefix: string | null
-  readonly ciphertext: string | null
-  readonly legacy: boolean
-  readonly created_at: Date
-  readonly last_used_at: Date | null
-  readonly revoked_at: Date | null
-}
+/** The row types live with auth (which resolves keys to them); re-exported for the account module's users. */
+export type { AccountRow, KeyRow } from "../auth/Rows.js"
 
 export interface NewAccount {
   readonly username: string
@@ -89,13 +53,10 @@ export class AccountsRepo extends Context.Service<AccountsRepo, {
   readonly revokeKeyById: (keyId: number) => Effect.Effect<KeyRow | null>
   /** Revokes every active key, issues one labelled `기본`, stamps last_rotated_at. One transaction. */
   readonly rotate: (accountId: string) => Effect.Effect<{ readonly key: string; readonly revoked: ReadonlyArray<KeyRow> }>
-  readonly findActiveKeyByHash: (hash: string) => Effect.Effect<{ readonly key: KeyRow; readonly account: AccountRow } | null>
   /** Plaintext of a revealable key, or null. */
   readonly reveal: (row: KeyRow) => string | null
-  readonly touchKeys: (touches: ReadonlyArray<{ readonly keyId: number; readonly at: Date }>) => Effect.Effect<void>
   readonly audit: (accountId: string, action: string, target: string | null, meta?: Record<string, unknown>) => Effect.Effect<void>
   readonly createSession: (accountId: string, ttlHours: number) => Effect.Effect<string>
-  readonly findSession: (token: string) => Effect.Effect<AccountRow | null>
   /**
    * Issues a key unless the account already holds `max` active keys (null then). The account row is locked
    * for the transaction, so concurrent creations cannot overshoot the cap.
@@ -126,6 +87,11 @@ export const make = Effect.gen(function*() {
   const kek = settings.encryptionKey
 
   const orDie = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.orDie(effect)
+  /**
+   * Times the gateway writes (revocations, rotations, verification) come from the Effect clock, the clock its
+   * cooldowns and caches use. Session expiry alone stays with the database's `now()`, on both sides.
+   */
+  const clockDate = Effect.map(Clock.currentTimeMillis, (ms) => new Date(ms))
   const leaderboard = yield* makeLeaderboard((dayStart) => loadTotals(sql, dayStart))
 
   const findAccount = (id: string) =>
@@ -148,25 +114,27 @@ export const make = Effect.gen(function*() {
 
   return AccountsRepo.of({
     createAccount: (input) =>
-      orDie(sql<AccountRow>`
+      clockDate.pipe(Effect.flatMap((now) =>
+        orDie(sql<AccountRow>`
         INSERT INTO accounts ${
-        sql.insert({
-          id: `acc_${Crypto.randomBytes(10).toString("hex")}`,
-          username: input.username,
-          display_name: input.displayName,
-          community_id: input.communityId ?? null,
-          community_type: input.communityType ?? null,
-          email: input.email ?? null,
-          email_verified_at: input.email && input.emailVerified !== false ? new Date() : null,
-          status: input.status ?? "active",
-          is_legacy: input.isLegacy ?? false,
-          is_admin: input.isAdmin ?? false,
-          is_guest: input.isGuest ?? false,
-          guest_expires_at: input.guestExpiresAt ?? null,
-          needs_migration: input.needsMigration ?? false,
-          plan: input.plan ?? null
-        })
-      } RETURNING *`).pipe(Effect.map((rows) => rows[0]!)),
+          sql.insert({
+            id: `acc_${Crypto.randomBytes(10).toString("hex")}`,
+            username: input.username,
+            display_name: input.displayName,
+            community_id: input.communityId ?? null,
+            community_type: input.communityType ?? null,
+            email: input.email ?? null,
+            email_verified_at: input.email && input.emailVerified !== false ? now : null,
+            status: input.status ?? "active",
+            is_legacy: input.isLegacy ?? false,
+            is_admin: input.isAdmin ?? false,
+            is_guest: input.isGuest ?? false,
+            guest_expires_at: input.guestExpiresAt ?? null,
+            needs_migration: input.needsMigration ?? false,
+            plan: input.plan ?? null
+          })
+        } RETURNING *`)
+      ), Effect.map((rows) => rows[0]!)),
     findAccount,
     findAccountByUsername: (username) =>
       orDie(sql<AccountRow>`SELECT * FROM accounts WHERE username = ${username}`).pipe(
@@ -190,44 +158,28 @@ export const make = Effect.gen(function*() {
         Effect.map((rows) => rows[0]?.n ?? 0)
       ),
     revokeKey: (accountId, keyId) =>
-      orDie(sql<KeyRow>`
-        UPDATE api_keys SET revoked_at = now()
-        WHERE id = ${keyId} AND account_id = ${accountId} AND revoked_at IS NULL RETURNING *`).pipe(
+      orDie(Effect.flatMap(clockDate, (now) => sql<KeyRow>`
+        UPDATE api_keys SET revoked_at = ${now}
+        WHERE id = ${keyId} AND account_id = ${accountId} AND revoked_at IS NULL RETURNING *`)).pipe(
         Effect.map((rows) => rows[0] ?? null)
       ),
     revokeKeyById: (keyId) =>
-      orDie(sql<KeyRow>`
-        UPDATE api_keys SET revoked_at = now() WHERE id = ${keyId} AND revoked_at IS NULL RETURNING *`).pipe(
+      orDie(Effect.flatMap(clockDate, (now) => sql<KeyRow>`
+        UPDATE api_keys SET revoked_at = ${now} WHERE id = ${keyId} AND revoked_at IS NULL RETURNING *`)).pipe(
         Effect.map((rows) => rows[0] ?? null)
       ),
     rotate: (accountId) =>
       orDie(sql.withTransaction(Effect.gen(function*() {
+        // Same clock as the cooldown check of `rotateGuarded`.
+        const now = yield* clockDate
         const revoked = yield* sql<KeyRow>`
-          UPDATE api_keys SET revoked_at = now()
+          UPDATE api_keys SET revoked_at = ${now}
           WHERE account_id = ${accountId} AND revoked_at IS NULL RETURNING *`
         const { key } = yield* insertKey(accountId, ROTATED_KEY_LABEL, false)
-        yield* sql`UPDATE accounts SET last_rotated_at = now() WHERE id = ${accountId}`
+        yield* sql`UPDATE accounts SET last_rotated_at = ${now} WHERE id = ${accountId}`
         return { key, revoked }
       }))),
-    findActiveKeyByHash: (hash) =>
-      orDie(Effect.gen(function*() {
-        const keys = yield* sql<KeyRow>`SELECT * FROM api_keys WHERE key_hash = ${hash} AND revoked_at IS NULL`
-        const key = keys[0]
-        if (!key) return null
-        const account = yield* findAccount(key.account_id)
-        return account ? { key, account } : null
-      })),
     reveal: (row) => (row.ciphertext && kek ? open(kek, row.ciphertext, keyAad(row.id)) : null),
-    touchKeys: (touches) =>
-      touches.length === 0 ? Effect.void : orDie(Effect.gen(function*() {
-        yield* Effect.forEach(touches, (t) => sql`UPDATE api_keys SET last_used_at = ${t.at} WHERE id = ${t.keyId}`, {
-          discard: true
-        })
-        const ids = touches.map((t) => t.keyId)
-        yield* sql`
-          UPDATE accounts SET last_used_at = now()
-          WHERE id IN (SELECT account_id FROM api_keys WHERE id IN ${sql.in(ids)})`
-      })),
     audit: (accountId, action, target, meta) =>
       orDie(sql`
         INSERT INTO audit_log (account_id, action, target, meta)
@@ -242,12 +194,6 @@ export const make = Effect.gen(function*() {
           VALUES (${hashKey(token)}, ${accountId}, now() + ${`${ttlHours} hours`}::interval)`
         return token
       })),
-    findSession: (token) =>
-      orDie(sql<AccountRow>`
-        SELECT a.* FROM sessions s JOIN accounts a ON a.id = s.account_id
-        WHERE s.token_hash = ${hashKey(token)} AND s.revoked_at IS NULL AND s.expires_at > now()`).pipe(
-        Effect.map((rows) => rows[0] ?? null)
-      ),
     createKeyCapped: (accountId, label, max) =>
       orDie(sql.withTransaction(Effect.gen(function*() {
         yield* sql`SELECT id FROM accounts WHERE id = ${accountId} FOR UPDATE`
@@ -272,7 +218,7 @@ export const make = Effect.gen(function*() {
           RETURNING id`
         if (stamped.length === 0) return null
         const revoked = yield* sql<KeyRow>`
-          UPDATE api_keys SET revoked_at = now()
+          UPDATE api_keys SET revoked_at = ${at}
           WHERE account_id = ${accountId} AND revoked_at IS NULL RETURNING *`
         const { key, row } = yield* insertKey(accountId, ROTATED_KEY_LABEL, false)
         return { key, row, revoked }

@@ -2,11 +2,12 @@ import { PgClient } from "@effect/sql-pg"
 import { Clock, Context, Duration, Effect, Layer, Option, Schedule, Stream } from "effect"
 import type { SqlClient } from "effect/sql"
 import { randomUUID } from "node:crypto"
-import { type AccountRow, AccountsRepo, type KeyRow } from "../accounts/AccountsRepo.js"
 import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
-import { notify } from "../store/Sql.js"
+import * as Invalidation from "./Invalidation.js"
 import { hashKey, isWellFormed } from "./KeyMaterial.js"
+import * as KeyStore from "./KeyStore.js"
+import type { AccountRow, KeyRow } from "./Rows.js"
 
 export interface Caller {
   readonly account: AccountRow
@@ -19,11 +20,7 @@ interface CacheEntry {
   readonly expiresAt: number
 }
 
-/** Channel on which key and account changes are announced to every replica. */
-export const INVALIDATION_CHANNEL = "wellspring_auth"
-
-const POSITIVE_TTL_MS = 60_000
-const NEGATIVE_TTL_MS = 5_000
+/** A key's `last_used_at` is written at most this often per replica. */
 const TOUCH_EVERY_MS = 60_000
 
 export class Auth extends Context.Service<Auth, {
@@ -48,7 +45,7 @@ export const bearerToken = (authorization: string | undefined): string | null =>
 }
 
 export const make = Effect.gen(function*() {
-  const repo = yield* AccountsRepo
+  const store = yield* KeyStore.KeyStore
   const settings = yield* Settings
   const pg = yield* Effect.serviceOption(PgClient.PgClient)
   const { config } = settings
@@ -72,12 +69,17 @@ export const make = Effect.gen(function*() {
    */
   let invalidations = 0
 
-  const dropLocal = (message: string) => {
+  const dropLocal = (invalidation: Invalidation.Invalidation) => {
     invalidations++
-    if (message.startsWith("key:")) cache.delete(message.slice(4))
-    else if (message.startsWith("account:")) {
-      const id = message.slice(8)
-      for (const [hash, entry] of cache) if (entry.caller?.account.id === id) cache.delete(hash)
+    switch (invalidation._tag) {
+      case "Key":
+        cache.delete(invalidation.hash)
+        break
+      case "Account":
+        for (const [hash, entry] of cache) if (entry.caller?.account.id === invalidation.accountId) cache.delete(hash)
+        break
+      case "Unknown":
+        cache.clear()
     }
   }
 
@@ -86,17 +88,12 @@ export const make = Effect.gen(function*() {
    * arriving late would otherwise keep an unrelated lookup from being cached. The CLI sends untagged messages.
    */
   const tag = randomUUID().slice(0, 8)
-  const fromElsewhere = (payload: string): string | null => {
-    const bar = payload.lastIndexOf("|")
-    if (bar < 0) return payload
-    return payload.slice(bar + 1) === tag ? null : payload.slice(0, bar)
-  }
 
-  const announce = (message: string) =>
-    Effect.sync(() => dropLocal(message)).pipe(
+  const announce = (invalidation: Invalidation.Invalidation) =>
+    Effect.sync(() => dropLocal(invalidation)).pipe(
       Effect.andThen(
         Option.isSome(pg) && !settings.embedded
-          ? notify(pg.value, INVALIDATION_CHANNEL, `${message}|${tag}`).pipe(
+          ? Invalidation.publish(pg.value, invalidation, tag).pipe(
             Effect.catch((error) => Effect.logWarning("auth invalidation not announced", error))
           )
           : Effect.void
@@ -108,12 +105,12 @@ export const make = Effect.gen(function*() {
     const client = pg.value
     // `listen` holds a connection for its scope and fails the queue when that connection is lost: each round
     // gets its own scope, so a retry listens on a fresh connection.
-    yield* Effect.scoped(Effect.flatMap(client.listen(INVALIDATION_CHANNEL), (notifications) =>
+    yield* Effect.scoped(Effect.flatMap(client.listen(Invalidation.CHANNEL), (notifications) =>
       Stream.fromQueue(notifications).pipe(
         Stream.runForEach((notification) =>
           Effect.sync(() => {
-            const message = fromElsewhere(notification.payload)
-            if (message !== null) dropLocal(message)
+            const announced = Invalidation.decode(notification.payload)
+            if (announced.tag !== tag) dropLocal(announced.invalidation)
           })
         )
       ))).pipe(
@@ -126,7 +123,7 @@ export const make = Effect.gen(function*() {
   const flushTouches = Effect.suspend(() => {
     const batch = pendingTouches
     pendingTouches = []
-    return repo.touchKeys(batch)
+    return store.touchKeys(batch)
   })
   // A failed write (database briefly down) must not end the loop: later stamps would never be written.
   yield* flushTouches.pipe(
@@ -155,10 +152,14 @@ export const make = Effect.gen(function*() {
         return Effect.succeed(hit.caller)
       }
       const seen = invalidations
-      return repo.findActiveKeyByHash(hash).pipe(Effect.flatMap((found) => {
+      return store.findActiveKeyByHash(hash).pipe(Effect.flatMap((found) => {
         const caller: Caller | null = found ? { account: found.account, key: found.key } : null
         if (seen === invalidations) {
-          remember(hash, { caller, expiresAt: now + (caller ? POSITIVE_TTL_MS : NEGATIVE_TTL_MS) }, now)
+          remember(
+            hash,
+            { caller, expiresAt: now + (caller ? Invalidation.POSITIVE_TTL_MS : Invalidation.NEGATIVE_TTL_MS) },
+            now
+          )
         }
         if (caller === null) return Effect.fail(fail("invalid_api_key"))
         touch(caller.key!, now)
@@ -192,14 +193,15 @@ export const make = Effect.gen(function*() {
   return Auth.of({
     authenticateKey,
     authenticateSession: (token) =>
-      repo.findSession(token).pipe(Effect.map((account) => (account ? { account, key: null } : null))),
-    invalidateKeys: (hashes) => Effect.forEach(hashes, (hash) => announce(`key:${hash}`), { discard: true }),
-    invalidateAccount: (accountId) => announce(`account:${accountId}`),
+      store.findSession(token).pipe(Effect.map((account) => (account ? { account, key: null } : null))),
+    invalidateKeys: (hashes) => Effect.forEach(hashes, (hash) => announce(Invalidation.key(hash)), { discard: true }),
+    invalidateAccount: (accountId) => announce(Invalidation.account(accountId)),
     gate,
     flushTouches
   })
 })
 
-export const layer = Layer.effect(Auth, make)
+/** Auth with its key store (needs the SqlClient and Settings; listens for announcements when on PostgreSQL). */
+export const layer = Layer.effect(Auth, make).pipe(Layer.provide(KeyStore.layer))
 
 export type { SqlClient }

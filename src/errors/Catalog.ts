@@ -169,3 +169,69 @@ export const AccountMessages = {
   /** `invalid_range`, listing the allowed ranges. */
   invalidRange: (allowed: ReadonlyArray<string>) => `range 값이 올바르지 않습니다. 허용되는 값: ${allowed.join(", ")}`
 } as const
+
+// ---------------------------------------------------------------------------------------------------------
+// Where each code is answered on the inference API (the OpenAPI document's error responses come from here)
+
+/**
+ * The steps of an inference request that can answer with a code: reading the JSON body, validating a chat or an
+ * embeddings request, the bearer key, the spending gates (account state, region, failed-request guard), admission,
+ * and the upstream call. Codes of the account API and of the HTTP edge have none.
+ */
+export type InferenceStage = "body" | "chat_request" | "embeddings_request" | "key" | "gate" | "admission" | "upstream"
+
+/** Exhaustive: a new code must say where it is answered (an empty list: never on `/v1` operations). */
+const stages: { readonly [K in Code]: ReadonlyArray<InferenceStage> } = {
+  invalid_json: ["body"],
+  invalid_messages: ["chat_request"],
+  invalid_request: ["chat_request", "embeddings_request"],
+  model_not_found: ["chat_request", "embeddings_request"],
+  model_not_chat: ["chat_request"],
+  model_not_embedding: ["embeddings_request"],
+  input_too_long: ["chat_request", "embeddings_request"],
+  invalid_reasoning_effort: ["chat_request"],
+  tools_not_supported: ["chat_request"],
+  images_not_supported: ["chat_request"],
+  payload_too_large: ["body"],
+  unsupported_content_type: [],
+  cross_site_request: [],
+  malformed_http: [],
+  request_timeout: [],
+  headers_too_large: [],
+  too_many_failed_requests: ["gate"],
+  invalid_api_key: ["key"],
+  unauthorized: [],
+  geo_restricted: ["gate"],
+  account_unlinked: ["gate"],
+  legacy_account_upgrade_required: ["gate"],
+  guest_expired: ["gate"],
+  email_required: ["gate"],
+  rate_limited: ["admission"],
+  abuse_cooldown: ["admission"],
+  session_exhausted: ["admission"],
+  weekly_exhausted: ["admission"],
+  model_quota_exceeded: ["admission"],
+  model_overloaded: ["admission"],
+  upstream_error: ["upstream"],
+  upstream_rejected: ["upstream"],
+  internal_error: ["upstream"],
+  service_unavailable: ["upstream"],
+  upstream_timeout: ["upstream"],
+  upstream_rate_limited: ["upstream"],
+  not_found: [],
+  key_cap_reached: [],
+  invalid_id: [],
+  key_not_found: [],
+  key_not_revealable: [],
+  rotate_cooldown: [],
+  invalid_range: [],
+  account_not_found: [],
+  byok_disabled: [],
+  byok_credential_missing: [],
+  byok_credential_conflict: [],
+  byok_upstream_error: []
+}
+
+/** The codes answered at any of these stages, in catalog order. */
+export const codesAnsweredAt = (...at: ReadonlyArray<InferenceStage>): ReadonlyArray<Code> =>
+  codes.filter((code) => stages[code].some((stage) => at.includes(stage)))

@@ -1,11 +1,13 @@
 import { Effect, Schema } from "effect"
 import { HttpRouter, HttpServerResponse } from "effect/http"
 import { HttpApi, HttpApiEndpoint, HttpApiGroup, HttpApiSchema, OpenApi } from "effect/http-api"
-import { Catalog, type Code } from "../errors/Catalog.js"
+import { Catalog, type Code, codesAnsweredAt, fail, type InferenceStage } from "../errors/Catalog.js"
+import { inferenceBody } from "../errors/Render.js"
 import { ChatRequest, ToolCall } from "./ChatRequest.js"
 import { EmbeddingsRequest } from "./Embeddings.js"
 
-// Response schemas document the wire format; requests reuse the schemas that validate them.
+// Response schemas document the wire format (numbers are Finite: JSON carries no Infinity or NaN, and a plain
+// Number would document them as strings); requests reuse the schemas that validate them.
 const ErrorEnvelope = Schema.Struct({
   error: Schema.Struct({
     message: Schema.String,
@@ -16,11 +18,11 @@ const ErrorEnvelope = Schema.Struct({
 }).annotate({ identifier: "ErrorEnvelope" })
 
 const Pool = Schema.Struct({
-  used_pct: Schema.Number,
-  remaining_pct: Schema.Number,
+  used_pct: Schema.Finite,
+  remaining_pct: Schema.Finite,
   resets_at: Schema.NullOr(Schema.String),
   resets_in_seconds: Schema.Int,
-  request_pct: Schema.optionalKey(Schema.Number)
+  request_pct: Schema.optionalKey(Schema.Finite)
 }).annotate({ identifier: "Pool" })
 
 const Receipt = Schema.Struct({
@@ -84,11 +86,11 @@ const Account = Schema.Struct({
 }).annotate({ identifier: "Account" })
 
 const UsageBucket = Schema.Struct({
-  used_pct: Schema.Number,
-  remaining_pct: Schema.Number,
+  used_pct: Schema.Finite,
+  remaining_pct: Schema.Finite,
   resets_at: Schema.NullOr(Schema.String),
   resets_in_seconds: Schema.Int,
-  by_model: Schema.Array(Schema.Struct({ model_id: Schema.String, request_count: Schema.Int, pct_of_total: Schema.Number }))
+  by_model: Schema.Array(Schema.Struct({ model_id: Schema.String, request_count: Schema.Int, pct_of_total: Schema.Finite }))
 })
 
 const EmbeddingsRequestDoc = EmbeddingsRequest.annotate({
@@ -101,7 +103,7 @@ const Embeddings = Schema.Struct({
   data: Schema.Array(Schema.Struct({
     object: Schema.Literal("embedding"),
     index: Schema.Int,
-    embedding: Schema.Union([Schema.Array(Schema.Number), Schema.String])
+    embedding: Schema.Union([Schema.Array(Schema.Finite), Schema.String])
   })),
   model: Schema.String,
   usage: Schema.Struct({ prompt_tokens: Schema.Int, total_tokens: Schema.Int })
@@ -131,72 +133,40 @@ export class InferenceApi extends HttpApi.make("wellspring").add(InferenceGroup)
   .annotate(OpenApi.Version, "1.0.0")
 {}
 
-const ACCESS: ReadonlyArray<Code> = [
-  "payload_too_large",
-  "invalid_api_key",
-  "geo_restricted",
-  "account_unlinked",
-  "legacy_account_upgrade_required",
-  "guest_expired",
-  "email_required",
-  "too_many_failed_requests"
-]
-const ADMISSION: ReadonlyArray<Code> = [
-  "rate_limited",
-  "abuse_cooldown",
-  "session_exhausted",
-  "weekly_exhausted",
-  "model_quota_exceeded",
-  "model_overloaded"
-]
-const UPSTREAM: ReadonlyArray<Code> = [
-  "upstream_rejected",
-  "upstream_error",
-  "internal_error",
-  "service_unavailable",
-  "upstream_timeout",
-  "upstream_rate_limited"
-]
-
-/** The codes each operation can answer with, grouped by status from the catalog (never listed by hand). */
-const byStatus = (codes: ReadonlyArray<Code>): Record<string, string> => {
-  const groups = new Map<number, Array<string>>()
-  for (const code of codes) {
-    const entry = Catalog[code]
-    groups.set(entry.status, [...(groups.get(entry.status) ?? []), entry.wire ?? `${code} (no code field)`])
-  }
-  return Object.fromEntries([...groups].sort(([a], [b]) => a - b).map(([status, wires]) => [String(status), wires.join(", ")]))
+/**
+ * The request steps each operation runs. Its error responses are the catalog's codes answered at those steps
+ * (`codesAnsweredAt`), each with the status, type and wire code the catalog gives it: nothing is listed here by hand.
+ */
+const OPERATION_STAGES: Readonly<Record<string, ReadonlyArray<InferenceStage>>> = {
+  "inference.chatCompletions": ["body", "chat_request", "key", "gate", "admission", "upstream"],
+  "inference.embeddings": ["body", "embeddings_request", "key", "gate", "admission", "upstream"],
+  "inference.models": ["key"],
+  "inference.me": ["key"],
+  "inference.usage": ["key"]
 }
 
-/** Error statuses each operation can answer with the inference envelope. */
-const ERRORS: Readonly<Record<string, Readonly<Record<string, string>>>> = {
-  "inference.chatCompletions": byStatus([
-    "invalid_json",
-    "invalid_request",
-    "invalid_messages",
-    "model_not_found",
-    "model_not_chat",
-    "tools_not_supported",
-    "invalid_reasoning_effort",
-    "images_not_supported",
-    "input_too_long",
-    ...ACCESS,
-    ...ADMISSION,
-    ...UPSTREAM
-  ]),
-  "inference.embeddings": byStatus([
-    "invalid_json",
-    "invalid_request",
-    "model_not_found",
-    "model_not_embedding",
-    "input_too_long",
-    ...ACCESS,
-    ...ADMISSION,
-    ...UPSTREAM
-  ]),
-  "inference.models": byStatus(["invalid_api_key"]),
-  "inference.me": byStatus(["invalid_api_key"]),
-  "inference.usage": byStatus(["invalid_api_key"])
+/**
+ * One response per status: the wire codes as its description, and per code an example body rendered by the
+ * server's own renderer (so its `type`, `code` and Korean message are exactly what a client receives).
+ */
+const errorResponses = (codes: ReadonlyArray<Code>, envelope: unknown): Record<string, unknown> => {
+  const groups = new Map<number, Array<Code>>()
+  for (const code of codes) {
+    const status = Catalog[code].status
+    groups.set(status, [...(groups.get(status) ?? []), code])
+  }
+  return Object.fromEntries([...groups].sort(([a], [b]) => a - b).map(([status, group]) => [String(status), {
+    description: group.map((code) => Catalog[code].wire ?? `${code} (no code field)`).join(", "),
+    content: {
+      "application/json": {
+        schema: envelope,
+        examples: Object.fromEntries(group.map((code) => [code, {
+          summary: `${Catalog[code].wire ?? "(no code)"}: ${Catalog[code].type}`,
+          value: inferenceBody(fail(code))
+        }]))
+      }
+    }
+  }]))
 }
 
 /**
@@ -230,9 +200,9 @@ const finalize = (generated: OpenApi.OpenAPISpec): OpenApi.OpenAPISpec => {
       for (const [status, response] of Object.entries(operation.responses as Record<string, any>)) {
         if (status.startsWith("2")) responses[status] = response
       }
-      for (const [status, description] of Object.entries(ERRORS[operation.operationId] ?? {})) {
-        responses[status] = { description, content: { "application/json": { schema: envelope } } }
-      }
+      const stages = OPERATION_STAGES[operation.operationId]
+      if (stages === undefined) throw new Error(`OpenAPI: no request steps listed for ${operation.operationId}`)
+      Object.assign(responses, errorResponses(codesAnsweredAt(...stages), envelope))
       operation.responses = responses
     }
   }

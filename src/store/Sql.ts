@@ -209,13 +209,6 @@ export const layerSocket = (socketPath: string, maxConnections = 1) => {
   }))
 }
 
-/**
- * `NOTIFY channel, payload` with the payload bound as a parameter, through any SqlClient (`pg_notify`; NOTIFY
- * itself takes no parameters). Works on PostgreSQL and on the embedded store alike.
- */
-export const notify = (sql: SqlClient.SqlClient, channel: string, payload: string) =>
-  sql`SELECT pg_notify(${channel}, ${payload})`.pipe(Effect.asVoid)
-
 /** Advisory lock key under which migrations run on PostgreSQL (any constant; "wsmg" in ASCII). */
 export const MIGRATION_LOCK_KEY = 0x77736d67
 

@@ -198,4 +198,13 @@ describe.skipIf(!postgres)("auth across two replicas on one PostgreSQL", () => {
     await eventually(async () => (await get(a, `Bearer ${key}`)).status === 401)
     await eventually(async () => (await get(b, `Bearer ${key}`)).status === 401)
   })
+
+  it("a message this version does not know (a newer replica's) drops every cached key, never none", async () => {
+    const { key } = await issueKey(a)
+    expect((await get(b, `Bearer ${key}`)).status).toBe(200) // cached on b
+    await admin.query(`UPDATE api_keys SET revoked_at = now() WHERE key_hash = $1`, [hashKey(key)])
+    expect((await get(b, `Bearer ${key}`)).status).toBe(200) // the cache has not been told
+    await admin.query(`SELECT pg_notify('wellspring_auth', $1)`, ["plans:changed"])
+    await eventually(async () => (await get(b, `Bearer ${key}`)).status === 401)
+  })
 })

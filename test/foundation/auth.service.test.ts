@@ -11,6 +11,7 @@ import * as Accounts from "../../src/accounts/AccountsRepo.js"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
 import * as AuthModule from "../../src/auth/Auth.js"
 import { generateKey, hashKey } from "../../src/auth/KeyMaterial.js"
+import * as KeyStore from "../../src/auth/KeyStore.js"
 import { type GatewayConfig, loadConfig } from "../../src/config/GatewayConfig.js"
 import { Settings } from "../../src/config/Live.js"
 import * as Sql from "../../src/store/Sql.js"
@@ -33,7 +34,7 @@ const settingsWith = (access: Partial<Access> = {}): Context.Service.Shape<typeo
   }
 }
 
-type Services = SqlClient.SqlClient | AccountsRepo
+type Services = SqlClient.SqlClient | AccountsRepo | KeyStore.KeyStore
 let db: FreshDatabase
 let runtime: ManagedRuntime.ManagedRuntime<Services, unknown>
 let context: Context.Context<Services>
@@ -79,7 +80,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
   beforeAll(async () => {
     db = await freshDatabase("auth")
     const layer = Layer.provideMerge(
-      Accounts.layer,
+      Layer.merge(Accounts.layer, KeyStore.layer),
       Layer.merge(
         Layer.succeed(Settings, settingsWith()),
         Sql.layerSql({ databaseUrl: Redacted.make(db.url), dataDir: "unused" })
@@ -306,6 +307,34 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(found?.account.id).toBe(row.id)
         expect(found?.key).toBeNull()
         expect(yield* auth.authenticateSession("nope")).toBeNull()
+      })))
+  })
+
+  describe("clock", () => {
+    it.effect("times written by auth and the account module are the Effect clock's, not the wall clock's", () =>
+      withDb(Effect.gen(function*() {
+        // A time far from now: a wall-clock or database stamp would show.
+        const T = Date.UTC(2030, 0, 2, 3, 4, 5)
+        yield* TestClock.setTime(T)
+        const repo = yield* AccountsRepo
+        const row = yield* account({ emailVerified: true })
+        expect(row.email_verified_at?.getTime()).toBe(T)
+        const a = yield* repo.createKey(row.id, "a")
+        const b = yield* repo.createKey(row.id, "b")
+
+        yield* TestClock.adjust("1 second")
+        expect((yield* repo.revokeKeyById(a.row.id))?.revoked_at?.getTime()).toBe(T + 1_000)
+
+        // A key's last-used stamp, and its account's.
+        const auth = yield* makeAuth()
+        yield* auth.authenticateKey(`Bearer ${b.key}`)
+        yield* auth.flushTouches
+        expect((yield* repo.findAccount(row.id))?.last_used_at?.getTime()).toBe(T + 1_000)
+
+        yield* TestClock.adjust("1 second")
+        const rotated = yield* repo.rotate(row.id)
+        expect(rotated.revoked.map((k) => k.revoked_at?.getTime())).toEqual([T + 2_000])
+        expect((yield* repo.findAccount(row.id))?.last_rotated_at?.getTime()).toBe(T + 2_000)
       })))
   })
 })

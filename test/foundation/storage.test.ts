@@ -7,6 +7,8 @@ import * as Path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as Accounts from "../../src/accounts/AccountsRepo.js"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
+import { KeyStore } from "../../src/auth/KeyStore.js"
+import * as KeyStoreModule from "../../src/auth/KeyStore.js"
 import { loadConfig } from "../../src/config/GatewayConfig.js"
 import { Settings } from "../../src/config/Live.js"
 import * as EmbeddedLock from "../../src/store/EmbeddedLock.js"
@@ -28,7 +30,7 @@ const settings = (encryptionKey: Buffer | null): Context.Service.Shape<typeof Se
 
 const KEK = Crypto.randomBytes(32)
 const repoWith = (encryptionKey: Buffer | null) =>
-  Accounts.layer.pipe(Layer.provide(Layer.succeed(Settings, settings(encryptionKey))))
+  Layer.merge(Accounts.layer.pipe(Layer.provide(Layer.succeed(Settings, settings(encryptionKey)))), KeyStoreModule.layer)
 
 const sha256 = (s: string) => Crypto.createHash("sha256").update(s).digest("hex")
 
@@ -65,7 +67,7 @@ for (const backend of backends) {
     type R = SqlClient.SqlClient
     let runtime: ManagedRuntime.ManagedRuntime<R, unknown>
     let close: () => Promise<void>
-    const run = <A>(effect: Effect.Effect<A, never, R | AccountsRepo>, kek: Buffer | null = KEK) =>
+    const run = <A>(effect: Effect.Effect<A, never, R | AccountsRepo | KeyStore>, kek: Buffer | null = KEK) =>
       runtime.runPromise(Effect.provide(effect, repoWith(kek)))
     const sql = <A extends object>(query: (sql: SqlClient.SqlClient) => Effect.Effect<ReadonlyArray<A>, unknown>) =>
       runtime.runPromise(Effect.flatMap(SqlClient.SqlClient, query).pipe(Effect.orDie))
@@ -183,10 +185,10 @@ for (const backend of backends) {
       const truncated = await run(Effect.flatMap(AccountsRepo, (r) => r.createKey(account.id, long)))
       expect(truncated.row.label).toBe("가".repeat(40))
 
-      const found = await run(Effect.flatMap(AccountsRepo, (r) => r.findActiveKeyByHash(sha256(key))))
+      const found = await run(Effect.flatMap(KeyStore, (r) => r.findActiveKeyByHash(sha256(key))))
       expect(found!.key.id).toBe(row.id)
       expect(found!.account.id).toBe(account.id)
-      expect(await run(Effect.flatMap(AccountsRepo, (r) => r.findActiveKeyByHash(sha256(key + "x"))))).toBeNull()
+      expect(await run(Effect.flatMap(KeyStore, (r) => r.findActiveKeyByHash(sha256(key + "x"))))).toBeNull()
     })
 
     it("lists active keys oldest first, revokes only the owner's, rotates in one step", async () => {
@@ -206,7 +208,7 @@ for (const backend of backends) {
       expect(await run(Effect.flatMap(AccountsRepo, (r) => r.revokeKey(owner.id, target)))).toBeNull()
       expect(await run(Effect.flatMap(AccountsRepo, (r) => r.revokeKeyById(target)))).toBeNull()
       expect((await list()).map((k) => k.label)).toEqual(["a", "c"])
-      expect(await run(Effect.flatMap(AccountsRepo, (r) => r.findActiveKeyByHash(sha256(keys[1]!.key))))).toBeNull()
+      expect(await run(Effect.flatMap(KeyStore, (r) => r.findActiveKeyByHash(sha256(keys[1]!.key))))).toBeNull()
 
       const byId = await run(Effect.flatMap(AccountsRepo, (r) => r.revokeKeyById(keys[0]!.row.id)))
       expect(byId!.id).toBe(keys[0]!.row.id)
@@ -220,7 +222,7 @@ for (const backend of backends) {
       const account = await run(Effect.flatMap(AccountsRepo, (r) => r.findAccount(owner.id)))
       expect(account!.last_rotated_at).toBeInstanceOf(Date)
       for (const { key } of keys) {
-        expect(await run(Effect.flatMap(AccountsRepo, (r) => r.findActiveKeyByHash(sha256(key))))).toBeNull()
+        expect(await run(Effect.flatMap(KeyStore, (r) => r.findActiveKeyByHash(sha256(key))))).toBeNull()
       }
     })
 
@@ -251,32 +253,36 @@ for (const backend of backends) {
       expect(await run(Effect.map(AccountsRepo, (r) => r.reveal(legacy.row)))).toBeNull()
     })
 
-    it("touches last_used_at of the key and its account", async () => {
+    it("touches last_used_at of the key and its account, with the stamp it was given", async () => {
       const account = await newAccount()
       const { row } = await run(Effect.flatMap(AccountsRepo, (r) => r.createKey(account.id, "t")))
+      const other = await run(Effect.flatMap(AccountsRepo, (r) => r.createKey(account.id, "u")))
       const at = new Date(Date.now() - 5_000)
-      await run(Effect.flatMap(AccountsRepo, (r) => r.touchKeys([{ keyId: row.id, at }])))
-      const [key] = await run(Effect.flatMap(AccountsRepo, (r) => r.listActiveKeys(account.id)))
-      expect(key!.last_used_at!.getTime()).toBe(at.getTime())
-      expect((await run(Effect.flatMap(AccountsRepo, (r) => r.findAccount(account.id))))!.last_used_at)
-        .toBeInstanceOf(Date)
+      const earlier = new Date(at.getTime() - 60_000)
+      await run(Effect.flatMap(KeyStore, (r) => r.touchKeys([{ keyId: row.id, at }, { keyId: other.row.id, at: earlier }])))
+      const keys = await run(Effect.flatMap(AccountsRepo, (r) => r.listActiveKeys(account.id)))
+      expect(keys.find((k) => k.id === row.id)!.last_used_at!.getTime()).toBe(at.getTime())
+      expect(keys.find((k) => k.id === other.row.id)!.last_used_at!.getTime()).toBe(earlier.getTime())
+      // The account's stamp is the latest of its keys' (the caller's clock, not the database's).
+      expect((await run(Effect.flatMap(AccountsRepo, (r) => r.findAccount(account.id))))!.last_used_at!.getTime())
+        .toBe(at.getTime())
     })
 
     it("sessions: stored as a hash, found until expiry or revocation", async () => {
       const account = await newAccount()
       const token = await run(Effect.flatMap(AccountsRepo, (r) => r.createSession(account.id, 24)))
       expect(token).toMatch(/^[0-9A-Za-z]{48}$/)
-      expect((await run(Effect.flatMap(AccountsRepo, (r) => r.findSession(token))))!.id).toBe(account.id)
-      expect(await run(Effect.flatMap(AccountsRepo, (r) => r.findSession(token + "x")))).toBeNull()
+      expect((await run(Effect.flatMap(KeyStore, (r) => r.findSession(token))))!.id).toBe(account.id)
+      expect(await run(Effect.flatMap(KeyStore, (r) => r.findSession(token + "x")))).toBeNull()
       const rows = await sql<{ token_hash: string }>((s) => s`SELECT token_hash FROM sessions WHERE account_id = ${account.id}`)
       expect(rows.map((r) => r.token_hash)).toEqual([sha256(token)])
       const dump = await sql<{ t: string }>((s) => s`SELECT sessions::text AS t FROM sessions`)
       expect(dump.some(({ t }) => t.includes(token))).toBe(false)
 
       const expired = await run(Effect.flatMap(AccountsRepo, (r) => r.createSession(account.id, -1)))
-      expect(await run(Effect.flatMap(AccountsRepo, (r) => r.findSession(expired)))).toBeNull()
+      expect(await run(Effect.flatMap(KeyStore, (r) => r.findSession(expired)))).toBeNull()
       await sql((s) => s`UPDATE sessions SET revoked_at = now() WHERE token_hash = ${sha256(token)} RETURNING 1 AS x`)
-      expect(await run(Effect.flatMap(AccountsRepo, (r) => r.findSession(token)))).toBeNull()
+      expect(await run(Effect.flatMap(KeyStore, (r) => r.findSession(token)))).toBeNull()
     })
 
     it("audit rows record actions without secrets", async () => {

@@ -9,6 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
 import * as AuthModule from "../../src/auth/Auth.js"
 import { hashKey } from "../../src/auth/KeyMaterial.js"
+import * as KeyStore from "../../src/auth/KeyStore.js"
 import { serviceGate } from "../support/Services.js"
 import { backends, type StoreServices } from "./backends.js"
 
@@ -42,21 +43,22 @@ for (const backend of backends(postgres)) {
         const raced = yield* repo.createKey(account.id, "raced")
         const calm = yield* repo.createKey(account.id, "calm")
 
-        // The repository as Auth sees it: the raced key's first lookup reads the database, reports that it has
+        // The key store as Auth sees it: the raced key's first lookup reads the database, reports that it has
         // read, then waits to be released before answering.
+        const store = yield* KeyStore.make
         const read = yield* Deferred.make<void>()
         const release = yield* Deferred.make<void>()
         let held = false
-        const gated = AccountsRepo.of({
-          ...repo,
+        const gated = KeyStore.KeyStore.of({
+          ...store,
           findActiveKeyByHash: (hash) =>
-            repo.findActiveKeyByHash(hash).pipe(Effect.tap(() => {
+            store.findActiveKeyByHash(hash).pipe(Effect.tap(() => {
               if (hash !== raced.row.key_hash || held) return Effect.void
               held = true
               return Deferred.succeed(read, undefined).pipe(Effect.andThen(Deferred.await(release)))
             }))
         })
-        const auth = yield* AuthModule.make.pipe(Effect.provideService(AccountsRepo, gated))
+        const auth = yield* AuthModule.make.pipe(Effect.provideService(KeyStore.KeyStore, gated))
 
         const inFlight = yield* Effect.forkChild(outcome(auth, raced.key))
         yield* Deferred.await(read)

@@ -1,0 +1,158 @@
+/**
+ * Dependency direction (issue 9, Structure 4), read from the source's imports:
+ * - `accounts` may use `auth`, never the reverse: nothing `src/auth/` imports reaches `src/accounts/`, directly
+ *   or through other modules;
+ * - no module imports a route module (a file that defines `HttpRouter.add` routes), except the composition root
+ *   `src/App.ts`, which mounts them.
+ * Type-only imports count: they couple the modules just the same.
+ */
+import * as Fs from "node:fs"
+import * as Path from "node:path"
+import ts from "typescript"
+import { describe, expect, it } from "vitest"
+
+const SRC = Path.resolve("src")
+const COMPOSITION_ROOT = "App.ts"
+
+/** Route modules named by the issue; detection must find at least these. */
+const KNOWN_ROUTE_MODULES = [
+  "accounts/AccountRoutes.ts",
+  "inference/Chat.ts",
+  "inference/Embeddings.ts",
+  "inference/IdentityRoutes.ts",
+  "inference/ModelsRoute.ts",
+  "inference/OpenApi.ts"
+]
+
+interface Module {
+  /** Path relative to `src/`, with `/` separators. */
+  readonly path: string
+  /** Other modules of `src/` it imports (relative specifiers resolved; packages left out). */
+  readonly imports: ReadonlyArray<string>
+  /** Whether it calls `HttpRouter.add(...)`. */
+  readonly definesRoutes: boolean
+}
+
+const listSources = (dir: string): Array<string> =>
+  Fs.readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
+    const full = Path.join(dir, entry.name)
+    if (entry.isDirectory()) return listSources(full)
+    return entry.name.endsWith(".ts") && !entry.name.endsWith(".d.ts") ? [full] : []
+  })
+
+/** `./X.js` from `a/B.ts` is `a/X.ts`; a folder import resolves to its `index.ts`. */
+const resolve = (from: string, specifier: string, exists: (path: string) => boolean): string | null => {
+  if (!specifier.startsWith(".")) return null
+  const joined = Path.posix.normalize(Path.posix.join(Path.posix.dirname(from), specifier))
+  for (const candidate of [joined.replace(/\.js$/, ".ts"), `${joined}.ts`, `${joined}/index.ts`, joined]) {
+    if (exists(candidate)) return candidate
+  }
+  return joined
+}
+
+/** Parses one source text: its import specifiers (static, re-exports, dynamic) and whether it adds routes. */
+const parseModule = (path: string, text: string, exists: (path: string) => boolean): Module => {
+  const source = ts.createSourceFile(path, text, ts.ScriptTarget.Latest, false, ts.ScriptKind.TS)
+  const specifiers: Array<string> = []
+  let definesRoutes = false
+  const visit = (node: ts.Node): void => {
+    if ((ts.isImportDeclaration(node) || ts.isExportDeclaration(node)) && node.moduleSpecifier) {
+      if (ts.isStringLiteral(node.moduleSpecifier)) specifiers.push(node.moduleSpecifier.text)
+    } else if (ts.isImportEqualsDeclaration(node) && ts.isExternalModuleReference(node.moduleReference)) {
+      const expression = node.moduleReference.expression
+      if (ts.isStringLiteral(expression)) specifiers.push(expression.text)
+    } else if (ts.isCallExpression(node)) {
+      const [first] = node.arguments
+      if (node.expression.kind === ts.SyntaxKind.ImportKeyword && first && ts.isStringLiteralLike(first)) {
+        specifiers.push(first.text)
+      }
+      if (
+        ts.isPropertyAccessExpression(node.expression) && node.expression.name.text === "add" &&
+        ts.isIdentifier(node.expression.expression) && node.expression.expression.text === "HttpRouter"
+      ) definesRoutes = true
+    } else if (ts.isImportTypeNode(node)) {
+      const argument = node.argument
+      if (ts.isLiteralTypeNode(argument) && ts.isStringLiteral(argument.literal)) specifiers.push(argument.literal.text)
+    }
+    ts.forEachChild(node, visit)
+  }
+  visit(source)
+  const imports = [...new Set(specifiers.flatMap((s) => resolve(path, s, exists) ?? []))]
+  return { path, imports, definesRoutes }
+}
+
+/** Every rule broken by a set of modules, one line per offending import. */
+const violations = (modules: ReadonlyArray<Module>): Array<string> => {
+  const byPath = new Map(modules.map((m) => [m.path, m]))
+  const routeModules = new Set(modules.filter((m) => m.definesRoutes).map((m) => m.path))
+  const found: Array<string> = []
+  for (const module of modules) {
+    for (const target of module.imports) {
+      if (routeModules.has(target) && module.path !== COMPOSITION_ROOT) {
+        found.push(`${module.path} imports the route module ${target}`)
+      }
+    }
+  }
+  // auth -> accounts, directly or through any chain of imports; the chain is reported.
+  for (const start of modules.filter((m) => m.path.startsWith("auth/"))) {
+    const via = new Map<string, string | null>([[start.path, null]])
+    const queue = [start.path]
+    while (queue.length > 0) {
+      const current = queue.shift()!
+      if (current.startsWith("accounts/")) {
+        const chain: Array<string> = []
+        for (let at: string | null = current; at !== null; at = via.get(at) ?? null) chain.unshift(at)
+        found.push(`auth reaches accounts: ${chain.join(" -> ")}`)
+        break
+      }
+      for (const next of byPath.get(current)?.imports ?? []) {
+        if (!via.has(next)) {
+          via.set(next, current)
+          queue.push(next)
+        }
+      }
+    }
+  }
+  return found
+}
+
+const readTree = (): Array<Module> => {
+  const files = listSources(SRC).map((full) => Path.relative(SRC, full).split(Path.sep).join("/"))
+  const known = new Set(files)
+  return files.map((path) => parseModule(path, Fs.readFileSync(Path.join(SRC, path), "utf8"), (p) => known.has(p)))
+}
+
+describe("dependency direction in src/", () => {
+  const modules = readTree()
+
+  it("finds the route modules by their HttpRouter.add calls (comments do not count)", () => {
+    const routes = modules.filter((m) => m.definesRoutes).map((m) => m.path)
+    expect(routes).toEqual(expect.arrayContaining(KNOWN_ROUTE_MODULES))
+    // Server.ts and App.ts mention HttpRouter.add only in comments.
+    expect(routes).not.toContain("http/Server.ts")
+    expect(routes).not.toContain(COMPOSITION_ROOT)
+    // The composition root does mount them, so the imports are read.
+    const app = modules.find((m) => m.path === COMPOSITION_ROOT)!
+    expect(app.imports).toEqual(expect.arrayContaining(KNOWN_ROUTE_MODULES))
+  })
+
+  it("auth never reaches accounts, and no module but App.ts imports a route module", () => {
+    expect(violations(modules)).toEqual([])
+  })
+
+  it("the checker reports each kind of violation (so the test above can fail)", () => {
+    const exists = (p: string) => ["auth/A.ts", "accounts/Repo.ts", "inference/Route.ts", "x/Y.ts", "x/Index/index.ts"].includes(p)
+    const modules = [
+      parseModule("auth/A.ts", `import type { Row } from "../x/Y.js"`, exists),
+      parseModule("x/Y.ts", `export { Repo } from "../accounts/Repo.js"`, exists),
+      parseModule("accounts/Repo.ts", `const m = await import("../inference/Route.js")`, exists),
+      parseModule("inference/Route.ts", `// HttpRouter.add in a comment\nexport const r = HttpRouter.add("GET", "/", h)`, exists),
+      parseModule("App.ts", `import { r } from "./inference/Route.js"`, exists)
+    ]
+    expect(violations(modules)).toEqual([
+      "accounts/Repo.ts imports the route module inference/Route.ts",
+      "auth reaches accounts: auth/A.ts -> x/Y.ts -> accounts/Repo.ts"
+    ])
+    expect(parseModule("z.ts", `/* HttpRouter.add(x) */ const s = "HttpRouter.add("`, exists).definesRoutes).toBe(false)
+  })
+})
