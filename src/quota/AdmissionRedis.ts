@@ -8,9 +8,9 @@
  *   from the Effect clock when `time: "clock"` (tests drive it with `TestClock`);
  * - the client from `store/Redis.ts` (`RedisClient`): bounded commands, no offline queue, so while Redis is
  *   unreachable admission fails at once with `service_unavailable` (fail closed);
- * - leases (here): in-flight slots expire after `leaseMs` (30 s) unless extended; one heartbeat fiber per layer
- *   extends every lease this replica holds every `leaseMs / 3`, and retries settles/releases that failed
- *   (idempotent); a dead replica's leases lapse and are pruned by the next admission;
+ * - `RedisLeases.ts`: in-flight slots are leases that expire after `leaseMs` (30 s) unless extended; one
+ *   heartbeat fiber per layer extends every lease this replica holds every `leaseMs / 3`, and retries
+ *   settles/releases that failed (idempotent); a dead replica's leases lapse and are pruned by the next admission;
  * - `WriteBehind.ts` (with a SqlClient): the pools and daily totals this replica touched are copied to
  *   `quota_windows` / `model_daily_usage` a `snapshotInterval` after they change (and on scope close); when an
  *   account's pool hash (or today's daily total) is missing in Redis, it is rebuilt from those rows instead of
@@ -19,7 +19,7 @@
  *
  * Abuse counts admitted requests only (see `Transitions.admit`).
  */
-import { Clock, Context, Deferred, Duration, Effect, Layer, Queue, type Redacted } from "effect"
+import { Clock, Context, Deferred, type Duration, Effect, Layer, type Redacted } from "effect"
 import { SqlClient } from "effect/sql"
 import type { Redis } from "ioredis"
 import type { PlanConfig } from "../config/GatewayConfig.js"
@@ -42,6 +42,7 @@ import {
 import { makeQuotaRepo } from "./QuotaRepo.js"
 import { fixedWindow } from "./RateLimit.js"
 import * as RateLimitRedis from "./RateLimitRedis.js"
+import * as RedisLeases from "./RedisLeases.js"
 import { abuseRule } from "./Transitions.js"
 import * as WriteBehind from "./WriteBehind.js"
 
@@ -122,17 +123,7 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
 
     const replica = Math.random().toString(36).slice(2, 10)
     let seq = 0
-    /** model id -> lease ids held by this replica (extended by the heartbeat). */
-    const held = new Map<string, Set<string>>()
-    /** Settles and releases that failed, retried by the heartbeat (idempotent). */
-    const repairs: Array<Scripts.SettleCall> = []
-    const MAX_REPAIRS = 10_000
-    /** Signals the heartbeat that there is something to extend or repair (it sleeps only then). */
-    const beat = yield* Queue.sliding<void>(1)
-    const addRepair = (repair: Scripts.SettleCall) => {
-      if (repairs.length < MAX_REPAIRS) repairs.push(repair)
-      Queue.offerUnsafe(beat, undefined)
-    }
+    const leases = yield* RedisLeases.make({ scripts, leaseMs, now })
 
     // --- snapshots to PostgreSQL ---------------------------------------------------------------------------------
     const touchedAccounts = new Set<string>()
@@ -208,19 +199,6 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
       )
     })
 
-    const hold = (modelId: string, leaseId: string) => {
-      let set = held.get(modelId)
-      if (set === undefined) held.set(modelId, set = new Set())
-      set.add(leaseId)
-      Queue.offerUnsafe(beat, undefined)
-    }
-    const unhold = (modelId: string, leaseId: string) => {
-      const set = held.get(modelId)
-      if (set === undefined) return
-      set.delete(leaseId)
-      if (set.size === 0) held.delete(modelId)
-    }
-
     const settleCall = (t: RTicket, mode: Scripts.SettleMode, usage: SettleUsage | null) => {
       const call: Scripts.SettleCall = {
         accountId: t.input.accountId,
@@ -233,7 +211,7 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
       return scripts.settle({ ...call, now: now() }).pipe(
         Effect.tapError((e) =>
           Effect.andThen(
-            Effect.sync(() => addRepair(call)),
+            Effect.sync(() => leases.retry(call)),
             Effect.logWarning(`quota ${mode} of ${t.leaseId} failed; will retry`, e.detail)
           )
         )
@@ -258,7 +236,7 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
                 touch(t.input.accountId, t.input.model.id, t.day)
                 if (usage !== null && t.leased) {
                   t.leased = false
-                  unhold(t.input.model.id, t.leaseId)
+                  leases.unhold(t.input.model.id, t.leaseId)
                 }
               })
             ),
@@ -280,7 +258,7 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
         if (!pendingOutcome && !t.leased) return Effect.void // settled: the slot went with the settle
         if (t.leased) {
           t.leased = false
-          unhold(t.input.model.id, t.leaseId)
+          leases.unhold(t.input.model.id, t.leaseId)
         }
         if (pendingOutcome) {
           // scope closed before settle: refund and drop the lease in one call
@@ -332,7 +310,7 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
                   weighted: 0,
                   raw: 0
                 }
-                runFork(scripts.settle({ ...undo, now: now() }).pipe(Effect.catch(() => Effect.sync(() => addRepair(undo)))))
+                runFork(scripts.settle({ ...undo, now: now() }).pipe(Effect.catch(() => Effect.sync(() => leases.retry(undo)))))
               })
             )
           )
@@ -345,6 +323,7 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
           r = yield* attempt(false)
         }
         if (r._tag === "Rejected") return yield* Effect.fail(rejectionError(r.rejection))
+        if (r._tag === "Invalid") return yield* Effect.fail(r.error)
         if (r._tag === "Missing") return yield* Effect.fail(unavailable("quota state missing after rebuild"))
         const t: RTicket = {
           input,
@@ -357,7 +336,7 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
           ticket: undefined as unknown as Ticket
         }
         if (!input.byok) {
-          hold(model.id, leaseId)
+          leases.hold(model.id, leaseId)
           touch(input.accountId, model.id, r.day)
         }
         t.ticket = {
@@ -368,24 +347,6 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
         }
         return t
       })
-
-    // --- heartbeat: extend held leases, retry failed settles/releases --------------------------------------------
-    const heartbeat: Effect.Effect<void> = Effect.suspend(() => {
-      const at = now()
-      const extend = [...held].map(([modelId, ids]) =>
-        scripts.extend({ modelId, now: at, leaseMs, leaseIds: [...ids] }).pipe(Effect.ignore)
-      )
-      const retry = repairs.splice(0, repairs.length).map((rep) =>
-        scripts.settle({ ...rep, now: now() }).pipe(Effect.catch(() => Effect.sync(() => addRepair(rep))))
-      )
-      return Effect.all([...extend, ...retry], { concurrency: "unbounded", discard: true })
-    })
-    const beatEvery = Duration.millis(Math.max(1, Math.floor(leaseMs / 3)))
-    yield* Effect.suspend(() =>
-      held.size === 0 && repairs.length === 0
-        ? Queue.take(beat)
-        : Effect.andThen(Effect.sleep(beatEvery), heartbeat)
-    ).pipe(Effect.forever, Effect.forkScoped)
 
     const admission = Admission.of({
       admit: (input) => Effect.map(Effect.acquireRelease(admitOnce(input), release), (t) => t.ticket),
@@ -418,7 +379,7 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
     const probe = AdmissionRedisProbe.of({
       inFlight: (modelId) => scripts.liveLeases({ modelId, now: clock.currentTimeMillisUnsafe() }),
       flush: snapshots?.flush ?? Effect.void,
-      heartbeat,
+      heartbeat: leases.heartbeat,
       client,
       keyPrefix: prefix
     })

@@ -290,6 +290,8 @@ export type AdmitReply =
   | { readonly _tag: "Rejected"; readonly rejection: Rejection }
   /** Something to rebuild from PostgreSQL first (only with `reportMissing`). */
   | { readonly _tag: "Missing"; readonly pools: boolean; readonly daily: boolean; readonly day: number }
+  /** A reply this decoder does not know (a script of another version): an internal error. */
+  | { readonly _tag: "Invalid"; readonly error: GatewayError }
 
 /**
  * - `settle`: replace the reservation by the exact charge; `settle_release`: the same and drop the lease;
@@ -351,38 +353,40 @@ const windowsAt = (r: RawReply, at: number): PoolWindows => ({
   weeklyUsed: num(r[at + 3])
 })
 
-const scriptAnswered = (what: string, r: RawReply) =>
-  new GatewayError({ code: "internal_error", detail: `quota ${what} script answered ${JSON.stringify(r)}` })
+const rejectedWith = (rejection: Rejection): AdmitReply => ({ _tag: "Rejected", rejection })
 
-const decodeAdmit = (r: RawReply): Effect.Effect<AdmitReply, GatewayError> => {
+const decodeAdmit = (r: RawReply): AdmitReply => {
   if (num(r[0]) === 1) {
-    return Effect.succeed({
+    return {
       _tag: "Admitted",
       now: num(r[1]),
       rpmCount: num(r[2]),
       rpmOldest: num(r[3]),
       day: num(r[4]),
       windows: windowsAt(r, 5)
-    })
+    }
   }
   const value = num(r[2])
   switch (num(r[1])) {
     case 1:
-      return Effect.succeed({ _tag: "Rejected", rejection: { code: "abuse_cooldown", resetsAt: value } })
+      return rejectedWith({ code: "abuse_cooldown", resetsAt: value })
     case 2:
-      return Effect.succeed({ _tag: "Rejected", rejection: { code: "rate_limited", retryAfter: value } })
+      return rejectedWith({ code: "rate_limited", retryAfter: value })
     case 3:
-      return Effect.succeed({ _tag: "Rejected", rejection: { code: "session_exhausted", resetsAt: value } })
+      return rejectedWith({ code: "session_exhausted", resetsAt: value })
     case 4:
-      return Effect.succeed({ _tag: "Rejected", rejection: { code: "weekly_exhausted", resetsAt: value } })
+      return rejectedWith({ code: "weekly_exhausted", resetsAt: value })
     case 5:
-      return Effect.succeed({ _tag: "Rejected", rejection: { code: "model_quota_exceeded", resetsAt: value } })
+      return rejectedWith({ code: "model_quota_exceeded", resetsAt: value })
     case 6:
-      return Effect.succeed({ _tag: "Rejected", rejection: { code: "model_overloaded" } })
+      return rejectedWith({ code: "model_overloaded" })
     case 7:
-      return Effect.succeed({ _tag: "Missing", pools: (value & 1) !== 0, daily: (value & 2) !== 0, day: num(r[3]) })
+      return { _tag: "Missing", pools: (value & 1) !== 0, daily: (value & 2) !== 0, day: num(r[3]) }
     default:
-      return Effect.fail(scriptAnswered("admit", r))
+      return {
+        _tag: "Invalid",
+        error: new GatewayError({ code: "internal_error", detail: `quota admit script answered ${JSON.stringify(r)}` })
+      }
   }
 }
 
@@ -464,7 +468,7 @@ export const make = (client: Redis, keyPrefix: string): AdmissionScripts => {
           a.concurrency,
           a.leaseMs,
           a.reportMissing ? 1 : 0
-        )).pipe(Effect.flatMap(decodeAdmit)),
+        )).pipe(Effect.map(decodeAdmit)),
 
     settle: (a) =>
       command("settle", () =>
