@@ -162,6 +162,12 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
       touchedDaily.set(`${modelId}\u0000${day}`, { modelId, day })
       snapshots.signal()
     }
+    /** An account whose cooldown may have just started (the memory backend marks it dirty likewise). */
+    const touchAccount = (accountId: string) => {
+      if (snapshots === undefined) return
+      touchedAccounts.add(accountId)
+      snapshots.signal()
+    }
 
     // --- rebuild from PostgreSQL ---------------------------------------------------------------------------------
     const rebuild = (
@@ -322,7 +328,10 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
           })
           r = yield* attempt(false)
         }
-        if (r._tag === "Rejected") return yield* Effect.fail(rejectionError(r.rejection))
+        if (r._tag === "Rejected") {
+          if (r.rejection.code === "abuse_cooldown") touchAccount(input.accountId)
+          return yield* Effect.fail(rejectionError(r.rejection))
+        }
         if (r._tag === "Invalid") return yield* Effect.fail(r.error)
         if (r._tag === "Missing") return yield* Effect.fail(unavailable("quota state missing after rebuild"))
         const t: RTicket = {
