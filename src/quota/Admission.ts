@@ -68,7 +68,11 @@ export class Admission extends Context.Service<Admission, {
   readonly currentRpm: (accountId: string) => Effect.Effect<number, GatewayError>
   /** Model daily usage in raw tokens since the last 09:00 KST boundary (for /api/quota). */
   readonly dailyUsage: (modelId: string) => Effect.Effect<number, GatewayError>
-  /** Generic fixed-window limiter for account endpoints (reveal, metrics, BYOK...). */
+  /**
+   * Fixed-window limiter for account endpoints (reveal, metrics, BYOK...): `RateLimiter.take` with
+   * `fixedWindow(max, windowSeconds)` (`RateLimit.ts`) on the backend's store, so it is shared by every replica
+   * exactly when admission is. Callers use `accounts/Limits.ts` `enforce`.
+   */
   readonly limit: (key: string, max: number, windowSeconds: number) => Effect.Effect<
     { readonly allowed: boolean; readonly remaining: number; readonly reset_seconds: number },
     GatewayError

@@ -1,10 +1,10 @@
 /**
- * Pure quota arithmetic shared by the memory and Redis admission layers (ARCHITECTURE §5, §6).
- * No effects, no clocks: callers pass `now` in epoch milliseconds.
+ * Pure quota arithmetic shared by the memory and Redis admission layers (ARCHITECTURE §5, §6): constants, the
+ * quota day, standings, rejections. No effects, no clocks: callers pass `now` in epoch milliseconds.
  *
- * The Redis layer repeats the checks of `AdmissionMemory` in Lua (`AdmissionRedis.ts`); both follow this order:
- * abuse cooldown -> RPM -> session -> weekly -> model daily cap -> in-flight, and both commit only when every
- * check passed.
+ * The account-state transitions built on it are in `Transitions.ts` (memory backend); the Redis backend runs the
+ * same checks in Lua (`AdmissionScripts.ts`). Both follow this order: abuse cooldown -> RPM -> session -> weekly ->
+ * model daily cap -> in-flight, and both commit only when every check passed.
  */
 import type { AbuseConfig, ModelConfig, PlanConfig } from "../config/GatewayConfig.js"
 import { GatewayError } from "../errors/Catalog.js"
@@ -92,6 +92,35 @@ export const rpmStanding = (limit: number, count: number, oldest: number | undef
 // ---------------------------------------------------------------------------------------------------------------
 // Rejections. Each carries what the spec asks of it: resets_at for abuse/session/weekly (and the daily cap's
 // next 09:00 KST), Retry-After for RPM and overload.
+
+/**
+ * Why an admission was refused, as both backends decide it (the memory transitions and the Redis script's decoded
+ * reply). `rejectionError` turns it into the catalog error.
+ */
+export type Rejection =
+  | { readonly code: "abuse_cooldown"; readonly resetsAt: number }
+  | { readonly code: "rate_limited"; readonly retryAfter: number }
+  | { readonly code: "session_exhausted"; readonly resetsAt: number }
+  | { readonly code: "weekly_exhausted"; readonly resetsAt: number }
+  | { readonly code: "model_quota_exceeded"; readonly resetsAt: number }
+  | { readonly code: "model_overloaded" }
+
+export const rejectionError = (r: Rejection): GatewayError => {
+  switch (r.code) {
+    case "abuse_cooldown":
+      return abuseCooldown(r.resetsAt)
+    case "rate_limited":
+      return rateLimited(r.retryAfter)
+    case "session_exhausted":
+      return sessionExhausted(r.resetsAt)
+    case "weekly_exhausted":
+      return weeklyExhausted(r.resetsAt)
+    case "model_quota_exceeded":
+      return modelQuotaExceeded(r.resetsAt)
+    case "model_overloaded":
+      return modelOverloaded()
+  }
+}
 
 export const abuseCooldown = (resetsAt: number) => new GatewayError({ code: "abuse_cooldown", resetsAt })
 export const rateLimited = (retryAfter: number) => new GatewayError({ code: "rate_limited", retryAfter })

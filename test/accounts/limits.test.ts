@@ -2,14 +2,18 @@
  * Rate windows of the account endpoints on the TestClock, against the real in-memory admission limiter
  * (the same primitive the Redis engine serves across replicas). No real sleeps.
  */
-import { describe, expect, it } from "@effect/vitest"
-import { Effect, Result } from "effect"
+import { afterAll, describe, expect, it } from "@effect/vitest"
+import { Effect, Layer, Result } from "effect"
 import { TestClock } from "effect/testing"
-import { enforce, limitKey, READ_LIMIT, REVEAL_LIMIT } from "../../src/accounts/Limits.js"
+import { endpointLimit, enforce, limitKey, READ_LIMIT, REVEAL_LIMIT } from "../../src/accounts/Limits.js"
 import { parseLimit, parseModel, parseRange } from "../../src/accounts/Metrics.js"
 import { parseKeyId, labelFrom } from "../../src/accounts/Keys.js"
 import { poolView } from "../../src/accounts/Snapshot.js"
+import { Admission } from "../../src/quota/Admission.js"
 import { layerMemory } from "../../src/quota/AdmissionMemory.js"
+import { layerRedis } from "../../src/quota/AdmissionRedis.js"
+import { deleteByPrefix, uniquePrefix } from "../support/Redis.js"
+import { REDIS_URL, serviceGate } from "../support/Services.js"
 
 const admission = layerMemory({ abuse: { burst: 300, window_seconds: 10, cooldown_seconds: 60 } })
 
@@ -53,6 +57,65 @@ describe("account endpoint rate windows (TestClock)", () => {
       yield* TestClock.adjust("1 millis")
       expect(Result.isSuccess(yield* Effect.result(enforce(READ_LIMIT, "acc_b")))).toBe(true)
     }).pipe(Effect.provide(admission)))
+})
+
+// A family of seven endpoints sharing 15 requests a minute per account: one constant, one line per endpoint.
+const BYOK_LIMIT = endpointLimit("byok", 15, 60, "BYOK 요청이 너무 많습니다. 1분에 15회까지 가능합니다.")
+const byokEndpoints = Array.from({ length: 7 }, () => (accountId: string) => enforce(BYOK_LIMIT, accountId))
+
+const retryAfterOf = (r: Result.Result<void, unknown>) =>
+  Result.isFailure(r) ? (r.failure as { code: string; status: number; retryAfter: number; userMessage: string }) : null
+
+describe("a shared endpoint family on the one limiter", () => {
+  it.effect("15 a minute across seven endpoints: the 16th call on any of them is 429 with the seconds left", () =>
+    Effect.gen(function*() {
+      const results = yield* Effect.forEach(Array.from({ length: 16 }, (_, i) => i), (i) =>
+        Effect.result(byokEndpoints[i % 7]!("acc_byok")))
+      expect(results.slice(0, 15).every(Result.isSuccess)).toBe(true)
+      const over = retryAfterOf(results[15]!)
+      expect(over).toMatchObject({ code: "rate_limited", status: 429, retryAfter: 60 })
+      expect(over!.userMessage).toBe(BYOK_LIMIT.message)
+      // the family's budget is its own
+      expect(Result.isSuccess(yield* Effect.result(enforce(REVEAL_LIMIT, "acc_byok")))).toBe(true)
+      yield* TestClock.adjust("59 seconds")
+      expect(retryAfterOf(yield* Effect.result(byokEndpoints[3]!("acc_byok")))?.retryAfter).toBe(1)
+      yield* TestClock.adjust("1 second")
+      expect(Result.isSuccess(yield* Effect.result(byokEndpoints[6]!("acc_byok")))).toBe(true)
+    }).pipe(Effect.provide(admission)))
+})
+
+const redisUp = await serviceGate("redis")
+const redisPrefix = uniquePrefix("limits")
+
+describe.skipIf(!redisUp)("a shared endpoint family across replicas (Redis admission)", () => {
+  afterAll(async () => {
+    await deleteByPrefix(REDIS_URL, redisPrefix)
+  })
+
+  const replica = () =>
+    layerRedis({
+      abuse: { burst: 300, window_seconds: 10, cooldown_seconds: 60 },
+      url: REDIS_URL,
+      keyPrefix: redisPrefix,
+      time: "clock"
+    })
+
+  it.effect("two replicas, seven endpoints: 15 a minute in total", () =>
+    Effect.scoped(Effect.gen(function*() {
+      yield* TestClock.setTime(Date.UTC(2026, 0, 5, 3))
+      const one = yield* Layer.build(replica())
+      const two = yield* Layer.build(replica())
+      const results = yield* Effect.forEach(Array.from({ length: 20 }, (_, i) => i), (i) =>
+        Effect.result(byokEndpoints[i % 7]!("acc_replicas").pipe(Effect.provide(i % 2 === 0 ? one : two))))
+      expect(results.filter(Result.isSuccess)).toHaveLength(15)
+      expect(results.slice(0, 15).every(Result.isSuccess)).toBe(true)
+      expect(retryAfterOf(results[19]!)).toMatchObject({ code: "rate_limited", retryAfter: 60 })
+      // the same budget seen through the Admission service of either replica
+      const seen = yield* Effect.flatMap(Admission, (a) => a.limit(limitKey(BYOK_LIMIT, "acc_replicas"), 15, 60)).pipe(
+        Effect.provide(two)
+      )
+      expect(seen).toEqual({ allowed: false, remaining: 0, reset_seconds: 60 })
+    })))
 })
 
 describe("request parsing rules", () => {

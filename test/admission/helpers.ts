@@ -145,6 +145,15 @@ export const standing = (gw: TestGateway, who: TestAccount): Promise<Standing> =
     return yield* admission.standing(who.id, settings.planFor(who.plan))
   }))
 
+/**
+ * A standing without its countdowns (`resets_in_seconds`): two standings read a moment apart on the wall clock
+ * are the same state when everything else (used, percentages, resets_at, anchor_at) is equal.
+ */
+export const withoutCountdowns = (s: Standing) => {
+  const strip = ({ resets_in_seconds: _, ...rest }: Standing["session"]) => rest
+  return { session: strip(s.session), weekly: strip(s.weekly) }
+}
+
 export const dailyUsage = (gw: TestGateway, modelId: string): Promise<number> =>
   gw.run(Effect.flatMap(Admission, (a) => a.dailyUsage(modelId)))
 

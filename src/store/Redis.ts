@@ -1,0 +1,103 @@
+/**
+ * The Redis client (ARCHITECTURE §3 `store/`): one ioredis connection per layer, configured to fail fast.
+ *
+ * - Every command is bounded (`commandTimeoutMs`, default 500 ms); the offline queue is disabled, so while Redis is
+ *   unreachable a command fails at once (callers fail closed with 503) and ioredis keeps reconnecting in the
+ *   background.
+ * - Building the layer waits up to `connectWaitMs` (2 s) for the first connection; if Redis is down the layer is
+ *   still built and commands fail until it comes back.
+ * - Connection errors are logged at most once per 10 s.
+ * - Closing the layer sends QUIT (bounded by 1 s), then disconnects.
+ *
+ * The connect wait and the QUIT bound are real time (timers), not the Effect clock: they bound I/O against a real
+ * server, also under `TestClock`, which would never fire them.
+ */
+import { Context, Effect, Layer, Redacted } from "effect"
+import { Redis, type RedisOptions } from "ioredis"
+import { GatewayError } from "../errors/Catalog.js"
+
+export interface RedisClientOptions {
+  /** `redis://host:port/db`. Default `redis://127.0.0.1:6379`. */
+  readonly url?: string | Redacted.Redacted<string> | undefined
+  /** Per-command timeout. Default 500 ms. */
+  readonly commandTimeoutMs?: number | undefined
+  /** How long building the layer waits for the first connection. Default 2 s. */
+  readonly connectWaitMs?: number | undefined
+}
+
+export class RedisClient extends Context.Service<RedisClient, {
+  readonly client: Redis
+}>()("wellspring/store/RedisClient") {}
+
+/** ioredis options for fail-fast behaviour: bounded commands, no offline queue, background reconnects. */
+export const clientOptions = (commandTimeoutMs: number): RedisOptions => ({
+  lazyConnect: true,
+  enableOfflineQueue: false,
+  autoResendUnfulfilledCommands: false,
+  maxRetriesPerRequest: 0,
+  commandTimeout: commandTimeoutMs,
+  connectTimeout: 2_000,
+  enableAutoPipelining: true,
+  retryStrategy: (times) => Math.min(times * 100, 2_000)
+})
+
+/** Settles when `promise` does or after `ms` of real time, whichever is first; never rejects. */
+export const within = (promise: Promise<unknown>, ms: number): Promise<void> => {
+  let timer: ReturnType<typeof setTimeout> | undefined
+  return Promise.race([
+    promise.then(() => undefined, () => undefined),
+    new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, ms)
+    })
+  ]).finally(() => clearTimeout(timer))
+}
+
+const urlOf = (url: RedisClientOptions["url"]): string =>
+  url === undefined ? "redis://127.0.0.1:6379" : Redacted.isRedacted(url) ? Redacted.value(url) : url
+
+/** Opens the client in the current scope (closed with it). */
+export const make = (options: RedisClientOptions = {}) =>
+  Effect.gen(function*() {
+    const runFork = Effect.runForkWith(yield* Effect.context<never>())
+    const clock = yield* Effect.clockWith(Effect.succeed)
+    const client = yield* Effect.acquireRelease(
+      Effect.sync(() => {
+        const redis = new Redis(urlOf(options.url), clientOptions(options.commandTimeoutMs ?? 500))
+        let lastLog = Number.NEGATIVE_INFINITY
+        redis.on("error", (error: Error) => {
+          const now = clock.currentTimeMillisUnsafe()
+          if (now - lastLog < 10_000) return
+          lastLog = now
+          runFork(Effect.logWarning("redis connection error", error.message))
+        })
+        return redis
+      }),
+      (redis) =>
+        Effect.promise(() => within(redis.quit(), 1_000)).pipe(
+          Effect.ensuring(Effect.sync(() => redis.disconnect()))
+        )
+    )
+    yield* Effect.promise(() => within(client.connect(), options.connectWaitMs ?? 2_000))
+    return RedisClient.of({ client })
+  })
+
+export const layer = (options: RedisClientOptions = {}): Layer.Layer<RedisClient> =>
+  Layer.effect(RedisClient, make(options))
+
+/** A client the caller owns (not closed by the layer). */
+export const layerFromClient = (client: Redis): Layer.Layer<RedisClient> =>
+  Layer.succeed(RedisClient, RedisClient.of({ client }))
+
+/**
+ * Runs one command: a rejection (timeout, connection down, script error) becomes 503 `service_unavailable`
+ * with `redis <what>: <message>` as its internal detail.
+ */
+export const command = <A>(what: string, f: () => Promise<A>): Effect.Effect<A, GatewayError> =>
+  Effect.tryPromise({
+    try: f,
+    catch: (cause) =>
+      new GatewayError({
+        code: "service_unavailable",
+        detail: `redis ${what}: ${cause instanceof Error ? cause.message : String(cause)}`
+      })
+  })
