@@ -3,6 +3,9 @@ import { SqlClient } from "effect/sql"
 import { accountRoutes } from "./accounts/AccountRoutes.js"
 import * as AccountsRepo from "./accounts/AccountsRepo.js"
 import * as Auth from "./auth/Auth.js"
+import * as Byok from "./byok/Byok.js"
+import * as CredentialsRepo from "./byok/CredentialsRepo.js"
+import { byokRoutes } from "./byok/Routes.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
 import * as FailedRequests from "./http/FailedRequests.js"
@@ -28,7 +31,7 @@ export const inferenceRouter = Layer.mergeAll(
   openApiRoute
 )
 /** Account API (`/api/user/*`) on the dashboard origin; see src/accounts/AccountRoutes.ts. */
-export const accountRouter = accountRoutes
+export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes)
 /** The status origin serves no routes yet (every path is a 404). */
 export const statusRouter: Layer.Layer<never> = Layer.empty
 
@@ -94,7 +97,9 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     RequestLog.layer,
     FailedRequests.layer,
     upstreamsLayer,
-    admission
+    admission,
+    Byok.layer,
+    CredentialsRepo.layer
   )
   return Layer.provideMerge(domain, base)
 }

@@ -2,6 +2,7 @@ import { Effect, Result, Schema, SchemaIssue } from "effect"
 import * as Fs from "node:fs"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
+import { ByokConfig } from "../byok/Config.js"
 import { ReasoningEffort } from "../wire/ChatSchemas.js"
 
 const PositiveInt = Schema.Int.check(Schema.isGreaterThan(0))
@@ -209,6 +210,12 @@ export const GatewayConfig = Schema.Struct({
     withDefault((): ReadonlyArray<string> => [])
   ),
   dev_account: Schema.Boolean.pipe(withDefault(() => true)),
+  /**
+   * Users' own provider credentials (src/byok/Config.ts). Absent: defaults; BYOK is then on in embedded mode
+   * (key generated into `<data_dir>/byok.key`) and off in production. Env `WELLSPRING_BYOK_KEY` sets
+   * `byok.encryption_key`.
+   */
+  byok: ByokConfig.pipe(withDefault(() => Schema.decodeSync(ByokConfig)({}))),
   catalog: Catalog
 }).check(Schema.makeFilter((config) =>
   config.default_plan in config.plans
@@ -355,6 +362,10 @@ export const loadConfig = (
     if (layer.redisUrl) doc.redis_url = layer.redisUrl
   }
   if (env2.WELLSPRING_ENCRYPTION_KEY) doc.encryption_key = env2.WELLSPRING_ENCRYPTION_KEY
+  if (env2.WELLSPRING_BYOK_KEY) {
+    const byok = typeof doc.byok === "object" && doc.byok !== null ? doc.byok as Record<string, unknown> : {}
+    doc.byok = { ...byok, encryption_key: env2.WELLSPRING_BYOK_KEY }
+  }
   if (env2.WELLSPRING_KEY_PREFIX) doc.key_prefix = env2.WELLSPRING_KEY_PREFIX
   if (env2.WELLSPRING_REDIS_PREFIX) doc.redis_key_prefix = env2.WELLSPRING_REDIS_PREFIX
   return { config: decodeGatewayConfig(doc, path), path }

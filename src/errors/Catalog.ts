@@ -167,7 +167,20 @@ export const InferenceMessages = {
 /** Account API variants. */
 export const AccountMessages = {
   /** `invalid_range`, listing the allowed ranges. */
-  invalidRange: (allowed: ReadonlyArray<string>) => `range 값이 올바르지 않습니다. 허용되는 값: ${allowed.join(", ")}`
+  invalidRange: (allowed: ReadonlyArray<string>) => `range 값이 올바르지 않습니다. 허용되는 값: ${allowed.join(", ")}`,
+  /** `byok_disabled` for a guest account (spec Authentication 6: same code, a different message). */
+  byokGuest: "게스트 계정은 BYOK 기능을 사용할 수 없습니다. 정식 계정으로 전환한 뒤 이용하세요.",
+  /** `byok_disabled` when the operator has not enabled BYOK or configured its encryption key. */
+  byokOff: "이 서버에서는 BYOK 기능이 꺼져 있습니다.",
+  byokRateLimited: "BYOK 요청이 너무 많습니다. 1분에 15회까지 가능합니다.",
+  byokNotFound: "자격 증명을 찾을 수 없습니다.",
+  byokBadId: "자격 증명 id는 양의 정수여야 합니다.",
+  byokCap: (max: number) => `이 공급자와 인증 방식의 자격 증명은 최대 ${max}개까지 등록할 수 있습니다.`,
+  byokLabelTaken: "이미 사용 중인 라벨입니다.",
+  byokFallbackEnabled: "enabled 필드는 true, false 또는 null 이어야 합니다.",
+  byokPatchField: (field: string) => `${field} 필드는 변경할 수 없습니다. pinned, is_primary, fallback_model_id 만 허용됩니다.`,
+  byokPatchType: (field: string, type: string) => `${field} 필드는 ${type} 이어야 합니다.`,
+  byokFallbackModel: "fallback_model_id 는 공용 카탈로그의 모델 id 이어야 합니다."
 } as const
 
 // ---------------------------------------------------------------------------------------------------------
