@@ -49,23 +49,34 @@ export const SimulatedProvider = Schema.Struct({
   tokens_per_second: NonNegative.pipe(withDefault(() => 0))
 })
 
+/**
+ * Name of the environment variable holding an upstream API key. Restricted to `WELLSPRING_UPSTREAM_*` so a catalog
+ * edit cannot send another secret of the process (DATABASE_URL, the encryption key) to an upstream.
+ */
+const ApiKeyEnv = pattern(
+  /^WELLSPRING_UPSTREAM_[A-Z0-9_]{1,64}$/,
+  "api_key_env must name a variable WELLSPRING_UPSTREAM_<NAME> (A-Z, 0-9, _)"
+)
+
 export const OpenAiCompatibleProvider = Schema.Struct({
   kind: Schema.Literal("openai-compatible"),
   base_url: pattern(/^https?:\/\//),
-  /**
-   * Name of the environment variable holding the upstream API key. Restricted to `WELLSPRING_UPSTREAM_*` so a
-   * catalog edit cannot send another secret of the process (DATABASE_URL, the encryption key) to an upstream.
-   */
-  api_key_env: Schema.optional(pattern(
-    /^WELLSPRING_UPSTREAM_[A-Z0-9_]{1,64}$/,
-    "api_key_env must name a variable WELLSPRING_UPSTREAM_<NAME> (A-Z, 0-9, _)"
-  )),
+  api_key_env: Schema.optional(ApiKeyEnv),
   connections: PositiveInt.pipe(withDefault(() => 64)),
   // Decoding defaults are not constructor defaults in v4: decode `{}` to get the defaulted record.
   timeouts: Timeouts.pipe(withDefault(() => Schema.decodeSync(Timeouts)({})))
 })
 
-export const Provider = Schema.Union([SimulatedProvider, OpenAiCompatibleProvider])
+/** Anthropic's Messages API (`<base_url>/v1/messages`, key sent as `x-api-key`). It has no embeddings API. */
+export const AnthropicProvider = Schema.Struct({
+  kind: Schema.Literal("anthropic"),
+  base_url: pattern(/^https?:\/\//).pipe(withDefault(() => "https://api.anthropic.com")),
+  api_key_env: Schema.optional(ApiKeyEnv),
+  connections: PositiveInt.pipe(withDefault(() => 64)),
+  timeouts: Timeouts.pipe(withDefault(() => Schema.decodeSync(Timeouts)({})))
+})
+
+export const Provider = Schema.Union([SimulatedProvider, OpenAiCompatibleProvider, AnthropicProvider])
 export type Provider = typeof Provider.Type
 
 export const ModelConfig = Schema.Struct({
@@ -132,6 +143,11 @@ export const Catalog = Schema.Struct({
     seen.add(model.id)
     if (!(model.route.provider in catalog.providers)) {
       issues.push({ path: ["models", i, "route", "provider"], issue: `unknown provider ${model.route.provider}` })
+    } else if (model.supports_embeddings && catalog.providers[model.route.provider]!.kind === "anthropic") {
+      issues.push({
+        path: ["models", i, "supports_embeddings"],
+        issue: `provider ${model.route.provider} is anthropic, which has no embeddings API`
+      })
     }
     if (model.supports_reasoning && model.reasoning_efforts.length === 0) {
       issues.push({ path: ["models", i, "reasoning_efforts"], issue: "a reasoning model needs allowed efforts" })

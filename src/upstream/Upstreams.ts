@@ -5,6 +5,7 @@
  */
 import { type Context, Effect, Layer, type Scope } from "effect"
 import type { Provider } from "../config/GatewayConfig.js"
+import { makeAnthropicAdapter } from "./anthropic/Adapter.js"
 import { makeOpenAiCompatibleAdapter } from "./openai-compatible/Adapter.js"
 import { makeSimulatedAdapter } from "./simulated/Engine.js"
 import { type UpstreamAdapter, UpstreamError, Upstreams } from "./Upstream.js"
@@ -19,10 +20,14 @@ interface Entry {
   readonly close: Effect.Effect<void>
 }
 
-const apiKeyOf = (provider: Provider): string | undefined =>
-  provider.kind === "openai-compatible" && provider.api_key_env !== undefined
-    ? process.env[provider.api_key_env]
-    : undefined
+/** The variable holding the provider's API key (HTTP kinds only). */
+const keyEnvOf = (provider: Provider): string | undefined =>
+  provider.kind === "simulated" ? undefined : provider.api_key_env
+
+const apiKeyOf = (provider: Provider): string | undefined => {
+  const env = keyEnvOf(provider)
+  return env === undefined ? undefined : process.env[env]
+}
 
 const fingerprintOf = (provider: Provider): string => JSON.stringify([provider, apiKeyOf(provider) ?? null])
 
@@ -30,7 +35,9 @@ const build = (provider: Provider): Entry => {
   if (provider.kind === "simulated") {
     return { provider, fingerprint: fingerprintOf(provider), adapter: makeSimulatedAdapter(provider), close: Effect.void }
   }
-  const adapter = makeOpenAiCompatibleAdapter(provider, apiKeyOf(provider))
+  const adapter = provider.kind === "anthropic"
+    ? makeAnthropicAdapter(provider, apiKeyOf(provider))
+    : makeOpenAiCompatibleAdapter(provider, apiKeyOf(provider))
   return { provider, fingerprint: fingerprintOf(provider), adapter, close: adapter.close() }
 }
 
@@ -63,9 +70,11 @@ export const makeUpstreams = (
         }
         const entry = build(provider)
         cache.set(name, entry)
-        const keyEnv = provider.kind === "openai-compatible" ? provider.api_key_env : undefined
+        const keyEnv = keyEnvOf(provider)
         const warnings = keyEnv !== undefined && !process.env[keyEnv]
           ? Effect.logWarning(`upstream provider "${name}": environment variable ${keyEnv} is empty; no API key sent`)
+          : provider.kind === "anthropic" && keyEnv === undefined
+          ? Effect.logWarning(`upstream provider "${name}": anthropic provider without api_key_env; no API key sent`)
           : Effect.void
         if (cached === undefined) return Effect.as(warnings, entry.adapter)
         // In-flight requests keep the old pool until they finish (or the grace period ends).

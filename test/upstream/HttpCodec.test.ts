@@ -1,16 +1,13 @@
 /**
  * The HTTP chat codec interface (`src/upstream/http/Codec.ts`) carries a second wire format: the Anthropic codec
- * (`src/upstream/anthropic/`, pure) plugged into the shared transport and push call with a few lines of glue
- * (`anthropicCodec` below), against the fake Anthropic server. What an Anthropic adapter adds is this glue.
+ * (`src/upstream/anthropic/`, pure) plugged into the shared transport and push call by the adapter's glue
+ * (`anthropicChatCodec`, `src/upstream/anthropic/Adapter.ts`), against the fake Anthropic server.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Stream } from "effect"
-import { decodeResponse, StreamDecoder } from "../../src/upstream/anthropic/Decode.js"
-import { encodeRequest } from "../../src/upstream/anthropic/Encode.js"
-import { mapError } from "../../src/upstream/anthropic/Errors.js"
+import { anthropicChatCodec, anthropicEmbed } from "../../src/upstream/anthropic/Adapter.js"
 import { completeChat } from "../../src/upstream/Complete.js"
 import { openChat } from "../../src/upstream/http/ChatCall.js"
-import type { ChatCodec, ChatDecoder } from "../../src/upstream/http/Codec.js"
 import { HttpTransport } from "../../src/upstream/http/Transport.js"
 import {
   type UpstreamAdapter,
@@ -22,29 +19,6 @@ import { FakeBehaviour, FakeEvents as E, FakeMessages, startFakeAnthropic } from
 import { upstreamStream } from "../support/UpstreamStream.js"
 
 const KEY = "sk-ant-api03-codec-test-key-0123456789"
-
-/** The streamed decoder, plus the whole-answer decoding for a non-streamed request. */
-class AnthropicDecoder extends StreamDecoder implements ChatDecoder {
-  constructor(private readonly keys: ReadonlyArray<string>) {
-    super(keys)
-  }
-
-  onJson(body: unknown): UpstreamError | undefined {
-    const events = decodeResponse(body, this.keys)
-    if (events instanceof UpstreamError) return events
-    for (const event of events) this.events.push(event)
-    return undefined
-  }
-}
-
-const anthropicCodec = (apiKey: string): ChatCodec => ({
-  encode: (request) => {
-    const encoded = encodeRequest(request, { apiKey })
-    return encoded instanceof UpstreamError ? encoded : { method: "POST", ...encoded }
-  },
-  decoder: () => new AnthropicDecoder([apiKey]),
-  statusError: (status, body) => mapError(status, body, [apiKey])
-})
 
 const fakeAnthropic = Effect.acquireRelease(
   Effect.promise(() => startFakeAnthropic({ apiKey: KEY })),
@@ -61,8 +35,8 @@ const adapterFor = (url: string) =>
         total_ms: 10_000
       })
       const adapter: UpstreamAdapter = {
-        open: openChat(transport, anthropicCodec(KEY)),
-        embed: () => Effect.fail(new UpstreamError({ kind: "status", status: 404, detail: "no embeddings" }))
+        open: openChat(transport, anthropicChatCodec("", KEY)),
+        embed: anthropicEmbed
       }
       return { adapter, transport }
     }),

@@ -38,8 +38,11 @@ export const MESSAGES_PATH = "/v1/messages"
 export const ANTHROPIC_VERSION = "2023-06-01"
 
 export interface EncodeOptions {
-  /** The credential. Never logged; only placed in the header below. */
-  readonly apiKey: string
+  /**
+   * The credential. Never logged; only placed in the header below. Absent or empty: no credential header at all
+   * (a provider without `api_key_env`, e.g. a proxy that adds its own).
+   */
+  readonly apiKey?: string | undefined
   /** `x-api-key` (Anthropic's own API, the default) or `Authorization: Bearer` (gateways, OAuth tokens). */
   readonly scheme?: "x-api-key" | "bearer"
 }
@@ -303,7 +306,9 @@ export const encodeRequest = (request: UpstreamRequest, options: EncodeOptions):
     "content-type": "application/json",
     "anthropic-version": ANTHROPIC_VERSION
   }
-  if (options.scheme === "bearer") headers.authorization = `Bearer ${options.apiKey}`
-  else headers["x-api-key"] = options.apiKey
+  if (options.apiKey) {
+    if (options.scheme === "bearer") headers.authorization = `Bearer ${options.apiKey}`
+    else headers["x-api-key"] = options.apiKey
+  }
   return { path: MESSAGES_PATH, headers, body: JSON.stringify(body) }
 }

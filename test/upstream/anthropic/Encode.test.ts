@@ -61,6 +61,13 @@ describe("Anthropic request encoding", () => {
     expect(out.body).not.toContain(KEY)
   })
 
+  it("sends no credential header at all without a key", () => {
+    for (const options of [{}, { apiKey: "" }, { apiKey: undefined, scheme: "bearer" as const }]) {
+      const out = encode({ stream: true }, options)
+      expect(out.headers).toEqual({ "content-type": "application/json", "anthropic-version": "2023-06-01" })
+    }
+  })
+
   it("lifts system messages (multi-part, anywhere) into the top-level system text", () => {
     const json = body({
       messages: [

@@ -38,6 +38,7 @@ const call = async (
   options: EncodeOptions = { apiKey: KEY }
 ): Promise<Outcome> => {
   const encoded = encodeRequest(request, options)
+  const secrets = options.apiKey ? [options.apiKey] : []
   if (encoded instanceof UpstreamError) throw new Error(`refused: ${encoded.detail}`)
   const res = await undiciRequest(fake.url + encoded.path, {
     method: "POST",
@@ -45,16 +46,16 @@ const call = async (
     body: encoded.body
   })
   if (res.statusCode >= 300) {
-    const error = mapError(res.statusCode, await res.body.text(), [options.apiKey])
+    const error = mapError(res.statusCode, await res.body.text(), secrets)
     return { status: res.statusCode, events: [], error }
   }
   if (!String(res.headers["content-type"]).includes("text/event-stream")) {
-    const events = decodeResponse(await res.body.json(), [options.apiKey])
+    const events = decodeResponse(await res.body.json(), secrets)
     return events instanceof UpstreamError
       ? { status: res.statusCode, events: [], error: events }
       : { status: res.statusCode, events }
   }
-  const sse = new AnthropicSse([options.apiKey])
+  const sse = new AnthropicSse(secrets)
   const decoder = new StringDecoder("utf8")
   const events: Array<UpstreamEvent> = []
   try {
