@@ -4,7 +4,7 @@ import { HttpApi, HttpApiEndpoint, HttpApiGroup, HttpApiSchema, OpenApi } from "
 import { Catalog, type Code, codesAnsweredAt, fail, type InferenceStage } from "../errors/Catalog.js"
 import { inferenceBody } from "../errors/Render.js"
 import { ChatRequest, ToolCall } from "./ChatRequest.js"
-import { EmbeddingsRequest } from "./Embeddings.js"
+import { EmbeddingsRequest } from "./EmbeddingsRequest.js"
 
 // Response schemas document the wire format (numbers are Finite: JSON carries no Infinity or NaN, and a plain
 // Number would document them as strings); requests reuse the schemas that validate them.
