@@ -4,6 +4,7 @@ import { accountRoutes } from "./accounts/AccountRoutes.js"
 import * as AccountsRepo from "./accounts/AccountsRepo.js"
 import * as Auth from "./auth/Auth.js"
 import * as Byok from "./byok/Byok.js"
+import * as Credentials from "./byok/Credentials.js"
 import * as CredentialsRepo from "./byok/CredentialsRepo.js"
 import { byokRoutes } from "./byok/Routes.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
@@ -101,7 +102,8 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     Byok.layer,
     CredentialsRepo.layer
   )
-  return Layer.provideMerge(domain, base)
+  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
+  return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))
 }
 
 export const appLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {

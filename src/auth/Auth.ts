@@ -32,6 +32,13 @@ export class Auth extends Context.Service<Auth, {
   readonly invalidateKeys: (hashes: ReadonlyArray<string>) => Effect.Effect<void>
   /** Drops cached entries of an account (status or profile change). */
   readonly invalidateAccount: (accountId: string) => Effect.Effect<void>
+  /** Announces a change of an account's BYOK credentials to this replica's and every other replica's listeners. */
+  readonly invalidateCredentials: (accountId: string) => Effect.Effect<void>
+  /**
+   * Calls `listener` with every invalidation this replica sees, its own and other replicas' (BYOK credentials use
+   * the key path). Listeners run synchronously and must not throw.
+   */
+  readonly subscribe: (listener: (invalidation: Invalidation.Invalidation) => void) => void
   /** 403 gates for spending endpoints, in the spec's order. */
   readonly gate: (caller: Caller, headers: Readonly<Record<string, string | undefined>>) => Effect.Effect<void, GatewayError>
   /** Pending last-used stamps are written now (shutdown, tests). */
@@ -68,8 +75,11 @@ export const make = Effect.gen(function*() {
    * cached, or a revoked key could be served for a whole TTL.
    */
   let invalidations = 0
+  const listeners: Array<(invalidation: Invalidation.Invalidation) => void> = []
 
   const dropLocal = (invalidation: Invalidation.Invalidation) => {
+    for (const listener of listeners) listener(invalidation)
+    if (invalidation._tag === "Credentials") return
     invalidations++
     switch (invalidation._tag) {
       case "Key":
@@ -196,6 +206,10 @@ export const make = Effect.gen(function*() {
       store.findSession(token).pipe(Effect.map((account) => (account ? { account, key: null } : null))),
     invalidateKeys: (hashes) => Effect.forEach(hashes, (hash) => announce(Invalidation.key(hash)), { discard: true }),
     invalidateAccount: (accountId) => announce(Invalidation.account(accountId)),
+    invalidateCredentials: (accountId) => announce(Invalidation.credentials(accountId)),
+    subscribe: (listener) => {
+      listeners.push(listener)
+    },
     gate,
     flushTouches
   })

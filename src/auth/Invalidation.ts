@@ -2,7 +2,8 @@
  * Key-cache invalidations: what the gateway's key cache holds for how long, and the messages that drop entries
  * from it. Defined once here and used by `Auth` (every replica) and the operator CLI.
  *
- * Wire format on the PostgreSQL channel `wellspring_auth`: `key:<sha256 hex>` or `account:<account id>`,
+ * Wire format on the PostgreSQL channel `wellspring_auth`: `key:<sha256 hex>`, `account:<account id>` or
+ * `byok:<account id>` (the account's BYOK credentials changed: status, primary, fallback, deletion),
  * optionally followed by `|<tag>`, the sending replica's tag (so that a replica skips the echo of its own
  * announcements). The CLI sends untagged messages.
  */
@@ -22,11 +23,14 @@ export type Invalidation =
   | { readonly _tag: "Key"; readonly hash: string }
   /** An account changed (status, profile): every cached key of it goes. */
   | { readonly _tag: "Account"; readonly accountId: string }
+  /** An account's BYOK credentials changed: the cached credentials of it go (keys stay). */
+  | { readonly _tag: "Credentials"; readonly accountId: string }
   /** A message this version does not know (a newer replica's): everything cached goes. */
   | { readonly _tag: "Unknown"; readonly message: string }
 
 export const key = (hash: string): Invalidation => ({ _tag: "Key", hash })
 export const account = (accountId: string): Invalidation => ({ _tag: "Account", accountId })
+export const credentials = (accountId: string): Invalidation => ({ _tag: "Credentials", accountId })
 
 /** The message of an invalidation, without a tag. */
 export const format = (invalidation: Invalidation): string => {
@@ -35,6 +39,8 @@ export const format = (invalidation: Invalidation): string => {
       return `key:${invalidation.hash}`
     case "Account":
       return `account:${invalidation.accountId}`
+    case "Credentials":
+      return `byok:${invalidation.accountId}`
     case "Unknown":
       return invalidation.message
   }
@@ -45,6 +51,8 @@ export const parse = (message: string): Invalidation =>
     ? key(message.slice(4))
     : message.startsWith("account:")
     ? account(message.slice(8))
+    : message.startsWith("byok:")
+    ? credentials(message.slice(5))
     : { _tag: "Unknown", message }
 
 /** The NOTIFY payload: the message, and `|<tag>` when a replica sends it. */

@@ -14,6 +14,8 @@
  *   model_list_cache_seconds: 60
  *   probe_timeout_ms: 10000
  *   connect_timeout_ms: 5000
+ *   rate_limit_rpm: 60                 # per account and provider
+ *   dispatch_timeouts: { first_token_ms: 60000, idle_ms: 60000, total_ms: 600000 }
  *   providers:
  *     openai: { base_url: "http://127.0.0.1:9001/v1" }   # operator override (tests, proxies)
  *     azure: { base_url: "http://127.0.0.1:9002/{resource}/openai" }
@@ -75,6 +77,19 @@ export const ByokConfig = Schema.Struct({
   /** Whole probe (connect, answer, body). */
   probe_timeout_ms: PositiveInt.pipe(withDefault(() => 10_000)),
   connect_timeout_ms: PositiveInt.pipe(withDefault(() => 5_000)),
+  /**
+   * Requests per minute an account may send through its credentials, per provider (`@openai/...` of every model
+   * counts in one window). BYOK requests count here and toward the abuse cooldown only, never the pools.
+   */
+  rate_limit_rpm: PositiveInt.pipe(withDefault(() => 60)),
+  /** Chat and embeddings calls through a credential (the connect timeout is `connect_timeout_ms`). */
+  dispatch_timeouts: Schema.Struct({
+    first_token_ms: PositiveInt.pipe(withDefault(() => 60_000)),
+    idle_ms: PositiveInt.pipe(withDefault(() => 60_000)),
+    total_ms: PositiveInt.pipe(withDefault(() => 600_000))
+  }).pipe(withDefault(() => ({ first_token_ms: 60_000, idle_ms: 60_000, total_ms: 600_000 }))),
+  /** Connections kept open per provider origin (shared by every credential on it). */
+  connections_per_origin: PositiveInt.pipe(withDefault(() => 16)),
   providers: Schema.Struct({
     openai: overrideField,
     anthropic: overrideField,

@@ -96,6 +96,13 @@ export class CredentialsRepo extends Context.Service<CredentialsRepo, {
   readonly revoke: (accountId: string, id: number) => Effect.Effect<CredentialRow | null>
   /** A successful listing: `rejected` back to `active`, `last_error_code` cleared, `last_verified_at` stamped. */
   readonly markVerified: (accountId: string, id: number) => Effect.Effect<CredentialRow | null>
+  /**
+   * A dispatch failure that condemns the credential (auth, permission): `active` -> `rejected` with the code.
+   * True when it changed (an already rejected or revoked credential stays as it is).
+   */
+  readonly markRejected: (id: number, code: string) => Effect.Effect<boolean>
+  /** Last-used stamps written in one statement per batch. */
+  readonly touch: (touches: ReadonlyArray<{ readonly id: number; readonly at: Date }>) => Effect.Effect<void>
   /** `accounts.byok_fallback_override`; false when the account row is gone. */
   readonly setFallbackOverride: (accountId: string, value: boolean | null) => Effect.Effect<boolean>
 }>()("wellspring/byok/CredentialsRepo") {}
@@ -207,6 +214,16 @@ export const make = Effect.gen(function*() {
       orDie(sql<CredentialRow>`
         UPDATE byok_credentials SET status = 'active', last_error_code = NULL, last_verified_at = now()
         WHERE id = ${id} AND account_id = ${accountId} AND status <> 'revoked' RETURNING *`).pipe(Effect.map(first)),
+    markRejected: (id, code) =>
+      orDie(sql`
+        UPDATE byok_credentials SET status = 'rejected', last_error_code = ${code.slice(0, 64)}
+        WHERE id = ${id} AND status = 'active' RETURNING id`).pipe(Effect.map((rows) => rows.length > 0)),
+    touch: (touches) =>
+      touches.length === 0 ? Effect.void : orDie(Effect.forEach(
+        touches,
+        (t) => sql`UPDATE byok_credentials SET last_used_at = ${t.at} WHERE id = ${t.id} AND status <> 'revoked'`,
+        { discard: true }
+      )),
     setFallbackOverride: (accountId, value) =>
       orDie(sql`UPDATE accounts SET byok_fallback_override = ${value} WHERE id = ${accountId} RETURNING id`).pipe(
         Effect.map((rows) => rows.length > 0)

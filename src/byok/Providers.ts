@@ -327,6 +327,10 @@ export const MAX_META_KEYS = 16
 /** Letters, digits, `.`, `_`, `-`: labels appear in `@provider:label/model`, so no `/`, `:`, `@` or spaces. */
 const LABEL = /^[\p{L}\p{N}._-]+$/u
 
+/** Whether `label` is one a credential can carry (NFC, 1–40 characters of the label alphabet). */
+export const isValidLabel = (label: string): boolean =>
+  label !== "" && label === label.normalize("NFC") && Array.from(label).length <= MAX_LABEL_CHARS && LABEL.test(label)
+
 export interface CredentialInput {
   readonly provider: ProviderDef
   readonly scheme: AuthScheme

@@ -30,6 +30,7 @@ import { readBoundedText } from "../http/Body.js"
 import { handle, json } from "../http/Respond.js"
 import { parseJsonBody } from "../inference/JsonGuard.js"
 import { Byok } from "./Byok.js"
+import { Credentials } from "./Credentials.js"
 import { type CredentialRow, CredentialsRepo } from "./CredentialsRepo.js"
 import { listModels, probe, type ProbeFailure } from "./Probe.js"
 import { derivedColumns, describeProviders, validateCredentialInput } from "./Providers.js"
@@ -85,6 +86,9 @@ const logProbeFailure = (where: string, failure: { readonly kind: string; readon
   )
 
 const via = (caller: Caller) => (caller.key === null ? "session" : "key")
+
+/** The account's credentials changed: the router of every replica reads them again. */
+const announceChange = (accountId: string) => Effect.flatMap(Credentials, (credentials) => credentials.changed(accountId))
 
 /** Authentication, the three gates in the spec's order, then the shared limit. */
 const gated = Effect.gen(function*() {
@@ -235,6 +239,7 @@ const save = Effect.gen(function*() {
     return yield* Effect.fail(fail("byok_credential_conflict", { message: AccountMessages.byokLabelTaken }))
   }
   const row = outcome.row
+  yield* announceChange(accountId)
   yield* Effect.flatMap(AccountsRepo, (accounts) =>
     accounts.audit(accountId, "byok.create", String(row.id), {
       credential_id: row.id,
@@ -282,6 +287,7 @@ const patch = Effect.gen(function*() {
     ...(fallback !== undefined ? { fallbackModelId: fallback } : {})
   })
   if (row === null) return yield* Effect.fail(notFound())
+  yield* announceChange(caller.account.id)
   return json({ success: true, data: { credential: credentialView(row) } })
 })
 
@@ -292,6 +298,7 @@ const remove = Effect.gen(function*() {
   const row = yield* repo.revoke(caller.account.id, id)
   if (row === null) return yield* Effect.fail(notFound())
   byok.models.drop(id)
+  yield* announceChange(caller.account.id)
   yield* Effect.flatMap(AccountsRepo, (accounts) =>
     accounts.audit(caller.account.id, "byok.delete", String(id), {
       credential_id: id,
@@ -329,7 +336,9 @@ const models = Effect.gen(function*() {
     if (result.kind === "no_listing") return yield* Effect.fail(fail("byok_upstream_error"))
     return yield* Effect.fail(probeRefused(result))
   }
-  yield* repo.markVerified(caller.account.id, id)
+  const verified = yield* repo.markVerified(caller.account.id, id)
+  // A rejected credential turns active again: every replica's router must see it.
+  if (verified !== null && row.status !== "active") yield* announceChange(caller.account.id)
   yield* byok.models.put(id, result.models)
   return json({ success: true, data: { models: result.models, cached: false } })
 })

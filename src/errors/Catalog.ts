@@ -88,7 +88,12 @@ const raw = {
   byok_disabled: entry(403, "access_denied", "BYOK 기능을 사용할 수 없습니다."),
   byok_credential_missing: entry(400, "invalid_request_error", "사용할 수 없는 자격 증명 요청입니다."),
   byok_credential_conflict: entry(400, "invalid_request_error", "자격 증명 개수 한도에 도달했거나 이미 사용 중인 라벨입니다."),
-  byok_upstream_error: entry(501, "server_error", "이 제공자는 해당 기능을 지원하지 않습니다.")
+  byok_upstream_error: entry(501, "server_error", "이 제공자는 해당 기능을 지원하지 않습니다."),
+  byok_credential_rejected: entry(
+    400,
+    "invalid_request_error",
+    "공급자가 등록된 API 키를 거부했습니다. 자격 증명을 확인한 뒤 모델 목록을 다시 불러와 주세요."
+  )
 } as const satisfies Record<string, Entry>
 
 export type Code = keyof typeof raw
@@ -151,6 +156,8 @@ export const InferenceMessages = {
     `${where} 정의가 너무 큽니다. 도구 하나는 최대 ${maxBytes}바이트까지 허용됩니다.`,
   /** `model_not_found` for a BYOK reference (`@provider/...`) while BYOK is not available. */
   byokModelUnavailable: "BYOK 모델 참조를 사용할 수 없습니다. 등록된 자격 증명이 없거나 기능이 꺼져 있습니다.",
+  /** `model_not_found` for a `@...` value that is not `@provider/model` or `@provider:label/model`. */
+  byokBadReference: "BYOK 모델은 @공급자/모델 또는 @공급자:라벨/모델 형식이어야 합니다.",
   /** `invalid_reasoning_effort`, listing the model's allowed values (none: the model has no reasoning). */
   reasoningEffortNotAllowed: (allowed: ReadonlyArray<string>) =>
     allowed.length > 0
@@ -174,6 +181,8 @@ export const AccountMessages = {
   byokOff: "이 서버에서는 BYOK 기능이 꺼져 있습니다.",
   byokRateLimited: "BYOK 요청이 너무 많습니다. 1분에 15회까지 가능합니다.",
   byokNotFound: "자격 증명을 찾을 수 없습니다.",
+  /** `byok_credential_missing` on `/v1`: the reference names no usable credential. */
+  byokNoCredential: "요청한 공급자(또는 라벨)의 자격 증명이 등록되어 있지 않습니다. BYOK 설정에서 먼저 등록하세요.",
   byokBadId: "자격 증명 id는 양의 정수여야 합니다.",
   byokCap: (max: number) => `이 공급자와 인증 방식의 자격 증명은 최대 ${max}개까지 등록할 수 있습니다.`,
   byokLabelTaken: "이미 사용 중인 라벨입니다.",
@@ -239,10 +248,11 @@ const stages: { readonly [K in Code]: ReadonlyArray<InferenceStage> } = {
   rotate_cooldown: [],
   invalid_range: [],
   account_not_found: [],
-  byok_disabled: [],
-  byok_credential_missing: [],
+  byok_disabled: ["chat_request", "embeddings_request"],
+  byok_credential_missing: ["chat_request", "embeddings_request"],
   byok_credential_conflict: [],
-  byok_upstream_error: []
+  byok_upstream_error: [],
+  byok_credential_rejected: ["chat_request", "embeddings_request", "upstream"]
 }
 
 /** The codes answered at any of these stages, in catalog order. */

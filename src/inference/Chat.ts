@@ -1,6 +1,7 @@
 /**
  * `POST /v1/chat/completions`: authenticate, open the exchange, prepare (ChatPrepare.ts), admit, dispatch, and
- * answer in JSON or SSE (ChatWire.ts). The exchange (Exchange.ts) completes once, whichever way this ends.
+ * answer in JSON or SSE (ChatWire.ts). A `@provider/...` model goes through the caller's credential
+ * (ByokRoute.ts). The exchange (Exchange.ts) completes once, whichever way this ends.
  */
 import { Effect } from "effect"
 import { HttpRouter, HttpServerRequest } from "effect/http"
@@ -13,18 +14,28 @@ import { handle, headersOf } from "../http/Respond.js"
 import { Admission } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
 import { completeChat } from "../upstream/Complete.js"
-import { type UpstreamAdapter, type UpstreamRequest, Upstreams } from "../upstream/Upstream.js"
-import { prepareChat } from "./ChatPrepare.js"
+import type { GatewayError } from "../errors/Catalog.js"
+import { type UpstreamAdapter, type UpstreamError, type UpstreamRequest, Upstreams } from "../upstream/Upstream.js"
+import { runByok } from "./ByokRoute.js"
+import { type PoolChat, prepareChat, prepareForModel } from "./ChatPrepare.js"
 import { accumulate, completionResponse, sseFraming, streamHeaders } from "./ChatWire.js"
 import { Exchange, finishing } from "./Exchange.js"
 import { sseBody, sseResponse } from "./SseBody.js"
 import { upstreamFailure } from "./UpstreamErrors.js"
 
+type MapFailure = (error: UpstreamError) => GatewayError
+
 /** A non-stream answer: the whole answer in one call, then the exchange completes and the body is written. */
-const complete = (exchange: Exchange, plan: PlanConfig, adapter: UpstreamAdapter, request: UpstreamRequest) =>
+const complete = (
+  exchange: Exchange,
+  plan: PlanConfig,
+  adapter: UpstreamAdapter,
+  request: UpstreamRequest,
+  mapFailure: MapFailure
+) =>
   Effect.gen(function*() {
     exchange.markDispatched()
-    const events = yield* Effect.mapError(completeChat(adapter, request), upstreamFailure)
+    const events = yield* Effect.mapError(completeChat(adapter, request), mapFailure)
     const answer = accumulate(events, exchange)
     exchange.markFirstByte()
     const settled = yield* exchange.succeed()
@@ -32,7 +43,13 @@ const complete = (exchange: Exchange, plan: PlanConfig, adapter: UpstreamAdapter
   })
 
 /** A stream: the SSE body fed by the upstream call; the exchange completes from its callbacks. */
-const streamed = (exchange: Exchange, plan: PlanConfig, adapter: UpstreamAdapter, request: UpstreamRequest) =>
+const streamed = (
+  exchange: Exchange,
+  plan: PlanConfig,
+  adapter: UpstreamAdapter,
+  request: UpstreamRequest,
+  mapFailure: MapFailure
+) =>
   Effect.gen(function*() {
     const context = yield* Effect.context<never>()
     const framing = sseFraming(exchange)
@@ -50,11 +67,11 @@ const streamed = (exchange: Exchange, plan: PlanConfig, adapter: UpstreamAdapter
         failed: (error) =>
           Effect.suspend(() => {
             if (error.usage) exchange.setUsage(error.usage)
-            return exchange.fail(upstreamFailure(error))
+            return exchange.fail(mapFailure(error))
           }).pipe(Effect.asVoid),
         cancelled: Effect.asVoid(exchange.cancel())
       }
-    ).pipe(Effect.mapError(upstreamFailure))
+    ).pipe(Effect.mapError(mapFailure))
     return yield* sseResponse(body, streamHeaders(exchange))
   })
 
@@ -75,22 +92,35 @@ export const chatCompletions = HttpRouter.add(
       yield* guardFailures(caller)
       const exchange = yield* Exchange.open(caller, log)
 
+      const plan = settings.planFor(caller.account.plan)
+      const respond = (adapter: UpstreamAdapter, upstream: UpstreamRequest, mapFailure: MapFailure) =>
+        upstream.stream
+          ? streamed(exchange, plan, adapter, upstream, mapFailure)
+          : complete(exchange, plan, adapter, upstream, mapFailure)
+      /** A catalog model: admitted against the pools, sent to its provider. */
+      const pooled = ({ model, upstream }: PoolChat) =>
+        Effect.gen(function*() {
+          exchange.routeTo(model.route.provider)
+          yield* exchange.admit(admission, {
+            accountId: caller.account.id,
+            plan,
+            model,
+            estimatedInputTokens: exchange.estimatedInput,
+            byok: false
+          })
+          const adapter = yield* upstreams.get(model.route.provider).pipe(Effect.mapError(upstreamFailure))
+          return yield* respond(adapter, upstream, upstreamFailure)
+        })
+
       const run = Effect.gen(function*() {
         yield* auth.gate(caller, headersOf(request))
-        const { model, upstream } = yield* prepareChat(request, exchange, settings.config.limits, catalog.current().byId)
-        const plan = settings.planFor(caller.account.plan)
-        exchange.routeTo(model.route.provider)
-        yield* exchange.admit(admission, {
-          accountId: caller.account.id,
-          plan,
-          model,
-          estimatedInputTokens: exchange.estimatedInput,
-          byok: false
+        const prepared = yield* prepareChat(request, exchange, settings.config.limits, catalog.current().byId)
+        if (prepared._tag === "Pool") return yield* pooled(prepared)
+        return yield* runByok(exchange, caller, prepared.reference, {
+          attempt: (adapter, mapFailure) => respond(adapter, prepared.upstream, mapFailure),
+          fallback: (model) =>
+            Effect.map(prepareForModel(exchange, prepared.request, model), pooled)
         })
-        const adapter = yield* upstreams.get(model.route.provider).pipe(Effect.mapError(upstreamFailure))
-        return upstream.stream
-          ? yield* streamed(exchange, plan, adapter, upstream)
-          : yield* complete(exchange, plan, adapter, upstream)
       })
 
       return yield* finishing(exchange, run)

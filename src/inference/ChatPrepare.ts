@@ -8,6 +8,7 @@ import type { HttpServerRequest } from "effect/http"
 import type { LimitsConfig, ModelConfig } from "../config/GatewayConfig.js"
 import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
 import { readBoundedText } from "../http/Body.js"
+import { type ByokReference, isByokModel, parseReference } from "../byok/Reference.js"
 import type { UpstreamRequest } from "../upstream/Upstream.js"
 import type { ReasoningEffort } from "../wire/ChatSchemas.js"
 import { type ChatRequest, decodeChatRequest } from "./ChatRequest.js"
@@ -15,11 +16,23 @@ import type { Exchange } from "./Exchange.js"
 import { modelIdOfBody, readJsonBody } from "./JsonGuard.js"
 import { exceedsLimit, measure } from "./Tokens.js"
 
-/** A request ready for admission and dispatch. */
-export interface PreparedChat {
+/** A request for a catalog model, ready for admission and dispatch. */
+export interface PoolChat {
+  readonly _tag: "Pool"
   readonly model: ModelConfig
   readonly upstream: UpstreamRequest
 }
+
+/** A request through the caller's own credential (`@provider[:label]/model`): the provider decides the rest. */
+export interface ByokChat {
+  readonly _tag: "Byok"
+  readonly reference: ByokReference
+  /** The decoded request, kept for a fallback to a pool model. */
+  readonly request: ChatRequest
+  readonly upstream: UpstreamRequest
+}
+
+export type PreparedChat = PoolChat | ByokChat
 
 /** Parses a body no deeper than `maxDepth`, a large one on a turn of its own (see `readJsonBody`). */
 export const parseBody = (text: string, maxDepth: number): Effect.Effect<unknown, GatewayError> =>
@@ -31,20 +44,14 @@ export const toolChoiceLabel = (choice: ChatRequest["tool_choice"]): string | nu
 
 /**
  * The catalog model a request may use, with its reasoning effort as the model allows it, or the gate it fails:
- * `model_not_found` (unknown, disabled, or a BYOK reference), `model_not_chat`, `tools_not_supported`,
+ * `model_not_found` (unknown or disabled), `model_not_chat`, `tools_not_supported`,
  * `invalid_reasoning_effort` (listing the allowed values).
  */
 export const checkModel = (
   req: ChatRequest,
   model: ModelConfig | undefined
 ): Result.Result<{ readonly model: ModelConfig; readonly effort: ReasoningEffort | undefined }, GatewayError> => {
-  if (model === undefined || model.disabled) {
-    return Result.fail(
-      req.model.startsWith("@")
-        ? fail("model_not_found", { message: InferenceMessages.byokModelUnavailable })
-        : fail("model_not_found")
-    )
-  }
+  if (model === undefined || model.disabled) return Result.fail(fail("model_not_found"))
   if (!model.supports_chat) return Result.fail(fail("model_not_chat"))
   if (req.tools !== undefined && req.tools.length > 0 && !model.supports_tools) {
     return Result.fail(fail("tools_not_supported"))
@@ -86,17 +93,60 @@ export const upstreamRequest = (
   return out
 }
 
-/** After decoding: the gates, the size check and `max_tokens`; the rest of `prepareChat`. */
-const prepareDecoded = (
+/**
+ * What is sent through a credential: contract fields only, the provider's model id verbatim, `max_tokens` only
+ * when the client set one (the provider knows its model's limits; the gateway's catalog does not).
+ */
+export const byokUpstreamRequest = (
+  req: ChatRequest,
+  reference: ByokReference,
+  effort: ReasoningEffort | undefined
+): UpstreamRequest => {
+  const out: { -readonly [K in keyof UpstreamRequest]: UpstreamRequest[K] } = {
+    model: reference.model,
+    messages: req.messages,
+    stream: req.stream === true
+  }
+  if (req.max_tokens !== undefined) out.max_tokens = req.max_tokens
+  if (req.temperature !== undefined) out.temperature = req.temperature
+  if (req.top_p !== undefined) out.top_p = req.top_p
+  if (req.stop !== undefined) out.stop = req.stop
+  if (effort !== undefined) out.reasoning_effort = effort
+  if (req.tools !== undefined && req.tools.length > 0) {
+    out.tools = req.tools
+    if (req.tool_choice !== undefined) out.tool_choice = req.tool_choice
+    if (req.parallel_tool_calls !== undefined) out.parallel_tool_calls = req.parallel_tool_calls
+  }
+  return out
+}
+
+/** The contract's efforts, all of them allowed through a credential (the provider refuses what its model lacks). */
+const BYOK_EFFORTS: ReadonlyArray<ReasoningEffort> = ["none", "low", "high", "max"]
+
+/** A BYOK request: the reference parsed, the input measured for the row (no catalog limits apply). */
+const prepareByok = (exchange: Exchange, req: ChatRequest): Effect.Effect<ByokChat, GatewayError> => {
+  const reference = parseReference(req.model)
+  if (reference === null) return Effect.fail(fail("model_not_found", { message: InferenceMessages.byokBadReference }))
+  exchange.resolveModel(req.model)
+  const effort = req.reasoning_effort === undefined ? undefined : BYOK_EFFORTS.find((e) => e === req.reasoning_effort)
+  if (req.reasoning_effort !== undefined && effort === undefined) {
+    return Effect.fail(fail("invalid_reasoning_effort", { message: InferenceMessages.reasoningEffortNotAllowed(BYOK_EFFORTS) }))
+  }
+  return Effect.map(exceedsLimit(measure(req.messages, req.tools), Number.MAX_SAFE_INTEGER), ({ tokens }) => {
+    exchange.setEstimatedInput(tokens)
+    return { _tag: "Byok", reference, request: req, upstream: byokUpstreamRequest(req, reference, effort) } as const
+  })
+}
+
+/**
+ * A decoded request on a catalog model: the gates, the size check and `max_tokens`. Also a BYOK request's
+ * fallback to its pool model.
+ */
+export const prepareForModel = (
   exchange: Exchange,
   req: ChatRequest,
   model: ModelConfig | undefined
-): Effect.Effect<PreparedChat, GatewayError> => {
-  exchange.describe({
-    stream: req.stream === true,
-    hadTools: (req.tools?.length ?? 0) > 0,
-    toolChoice: toolChoiceLabel(req.tool_choice)
-  })
+): Effect.Effect<PoolChat, GatewayError> => {
   const checked = checkModel(req, model)
   if (Result.isFailure(checked)) return Effect.fail(checked.failure)
   const m = checked.success.model
@@ -109,7 +159,7 @@ const prepareDecoded = (
     }
     exchange.setEstimatedInput(tokens)
     const maxTokens = Math.min(req.max_tokens ?? m.max_output_tokens, m.max_output_tokens)
-    return Effect.succeed({ model: m, upstream: upstreamRequest(req, m, checked.success.effort, maxTokens) })
+    return Effect.succeed({ _tag: "Pool", model: m, upstream: upstreamRequest(req, m, checked.success.effort, maxTokens) } as const)
   })
 }
 
@@ -128,5 +178,13 @@ export const prepareChat = (
       exchange.requestedModel(modelIdOfBody(body))
       const decoded = decodeChatRequest(body, limits)
       if (Result.isFailure(decoded)) return Effect.fail(decoded.failure)
-      return prepareDecoded(exchange, decoded.success, models.get(decoded.success.model))
+      const req = decoded.success
+      exchange.describe({
+        stream: req.stream === true,
+        hadTools: (req.tools?.length ?? 0) > 0,
+        toolChoice: toolChoiceLabel(req.tool_choice)
+      })
+      return isByokModel(req.model)
+        ? prepareByok(exchange, req) as Effect.Effect<PreparedChat, GatewayError>
+        : prepareForModel(exchange, req, models.get(req.model))
     }))

@@ -1,6 +1,6 @@
 /**
  * `POST /v1/embeddings`: authenticate, open the exchange, prepare (EmbeddingsRequest.ts), admit, embed, answer
- * the OpenAI list shape. Same lifecycle as chat (Exchange.ts).
+ * the OpenAI list shape. Same lifecycle as chat (Exchange.ts); `@provider/...` models as chat's (ByokRoute.ts).
  */
 import { Effect } from "effect"
 import { HttpRouter, HttpServerRequest } from "effect/http"
@@ -11,13 +11,40 @@ import { guard as guardFailures } from "../http/FailedRequests.js"
 import { handle, headersOf, json } from "../http/Respond.js"
 import { Admission } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
-import { Upstreams } from "../upstream/Upstream.js"
-import { prepareEmbeddings, toBase64Float32, fit } from "./EmbeddingsRequest.js"
+import type { GatewayError } from "../errors/Catalog.js"
+import { type UpstreamAdapter, type UpstreamError, Upstreams } from "../upstream/Upstream.js"
+import { runByok } from "./ByokRoute.js"
+import {
+  type EmbeddingsRequest,
+  embeddingsForModel,
+  fit,
+  type PoolEmbeddings,
+  prepareEmbeddings,
+  toBase64Float32
+} from "./EmbeddingsRequest.js"
 import { Exchange, finishing } from "./Exchange.js"
 import { upstreamFailure } from "./UpstreamErrors.js"
 
-/** OpenApi.ts documents the request with the schema that validates it. */
-export { EMBEDDING_DIMENSIONS, EmbeddingsRequest } from "./EmbeddingsRequest.js"
+/** The OpenAI list shape; vectors of catalog models fitted to the spec's fixed size, BYOK vectors as they came. */
+const answer = (
+  exchange: Exchange,
+  req: EmbeddingsRequest,
+  result: { readonly vectors: ReadonlyArray<ReadonlyArray<number>>; readonly prompt_tokens: number },
+  fitted: boolean
+) =>
+  json({
+    object: "list",
+    data: result.vectors.map((v, index) => {
+      const vector = fitted ? fit(v) : v
+      return {
+        object: "embedding",
+        index,
+        embedding: req.encoding_format === "base64" ? toBase64Float32(vector) : vector
+      }
+    }),
+    model: req.model,
+    usage: { prompt_tokens: result.prompt_tokens, total_tokens: result.prompt_tokens }
+  }, 200, { "x-request-id": String(exchange.rowId) })
 
 export const embeddings = HttpRouter.add(
   "POST",
@@ -36,37 +63,46 @@ export const embeddings = HttpRouter.add(
         const caller = yield* auth.authenticateKey(request.headers.authorization)
         yield* guardFailures(caller)
         const exchange = yield* Exchange.open(caller, log)
+        /** One call; the exchange completes with its usage. */
+        const embed = (
+          adapter: UpstreamAdapter,
+          model: string,
+          inputs: ReadonlyArray<string>,
+          mapFailure: (error: UpstreamError) => GatewayError
+        ) =>
+          Effect.gen(function*() {
+            exchange.markDispatched()
+            const result = yield* adapter.embed(model, inputs).pipe(Effect.mapError(mapFailure))
+            exchange.setUsage({ prompt_tokens: result.prompt_tokens, completion_tokens: 0, reasoning_tokens: 0, cached_tokens: 0 })
+            exchange.markFirstByte()
+            yield* exchange.succeed()
+            return result
+          })
+        const pooled = ({ inputs, model, request: req }: PoolEmbeddings) =>
+          Effect.gen(function*() {
+            exchange.routeTo(model.route.provider)
+            yield* exchange.admit(admission, {
+              accountId: caller.account.id,
+              plan: settings.planFor(caller.account.plan),
+              model,
+              estimatedInputTokens: exchange.estimatedInput,
+              byok: false
+            })
+            const adapter = yield* upstreams.get(model.route.provider).pipe(Effect.mapError(upstreamFailure))
+            return answer(exchange, req, yield* embed(adapter, model.route.model, inputs, upstreamFailure), true)
+          })
         const run = Effect.gen(function*() {
           yield* auth.gate(caller, headersOf(request))
-          const { inputs, model, request: req } = yield* prepareEmbeddings(
-            request,
-            exchange,
-            settings.config.limits,
-            catalog.current().byId
-          )
-          exchange.routeTo(model.route.provider)
-          yield* exchange.admit(admission, {
-            accountId: caller.account.id,
-            plan: settings.planFor(caller.account.plan),
-            model,
-            estimatedInputTokens: exchange.estimatedInput,
-            byok: false
+          const prepared = yield* prepareEmbeddings(request, exchange, settings.config.limits, catalog.current().byId)
+          if (prepared._tag === "Pool") return yield* pooled(prepared)
+          return yield* runByok(exchange, caller, prepared.reference, {
+            attempt: (adapter, mapFailure) =>
+              Effect.map(
+                embed(adapter, prepared.reference.model, prepared.inputs, mapFailure),
+                (result) => answer(exchange, prepared.request, result, false)
+              ),
+            fallback: (model) => Effect.map(embeddingsForModel(exchange, prepared.request, model), pooled)
           })
-          const adapter = yield* upstreams.get(model.route.provider).pipe(Effect.mapError(upstreamFailure))
-          const result = yield* adapter.embed(model.route.model, inputs).pipe(Effect.mapError(upstreamFailure))
-          exchange.setUsage({ prompt_tokens: result.prompt_tokens, completion_tokens: 0, reasoning_tokens: 0, cached_tokens: 0 })
-          exchange.markFirstByte()
-          yield* exchange.succeed()
-          return json({
-            object: "list",
-            data: result.vectors.map((v, index) => ({
-              object: "embedding",
-              index,
-              embedding: req.encoding_format === "base64" ? toBase64Float32(fit(v)) : fit(v)
-            })),
-            model: req.model,
-            usage: { prompt_tokens: result.prompt_tokens, total_tokens: result.prompt_tokens }
-          }, 200, { "x-request-id": String(exchange.rowId) })
         })
         return yield* finishing(exchange, run)
       })

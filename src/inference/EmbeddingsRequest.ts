@@ -4,6 +4,7 @@
  */
 import { Effect, Result, Schema } from "effect"
 import type { HttpServerRequest } from "effect/http"
+import { type ByokReference, isByokModel, parseReference } from "../byok/Reference.js"
 import type { LimitsConfig, ModelConfig } from "../config/GatewayConfig.js"
 import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
 import { readBoundedText } from "../http/Body.js"
@@ -66,11 +67,54 @@ export const decodeEmbeddingsRequest = (
   return Result.succeed(req)
 }
 
-/** A request ready for admission and dispatch. */
-export interface PreparedEmbeddings {
+/** A request for a catalog embedding model, ready for admission and dispatch. */
+export interface PoolEmbeddings {
+  readonly _tag: "Pool"
   readonly request: EmbeddingsRequest
   readonly model: ModelConfig
   readonly inputs: ReadonlyArray<string>
+}
+
+/** A request through the caller's credential: the provider's model id verbatim. */
+export interface ByokEmbeddings {
+  readonly _tag: "Byok"
+  readonly request: EmbeddingsRequest
+  readonly reference: ByokReference
+  readonly inputs: ReadonlyArray<string>
+}
+
+export type PreparedEmbeddings = PoolEmbeddings | ByokEmbeddings
+
+const inputsOf = (req: EmbeddingsRequest): ReadonlyArray<string> => (typeof req.input === "string" ? [req.input] : req.input)
+
+/** The checks of a catalog model (also a BYOK request's fallback): `model_not_found`, `model_not_embedding`, size. */
+export const embeddingsForModel = (
+  exchange: Exchange,
+  req: EmbeddingsRequest,
+  model: ModelConfig | undefined
+): Effect.Effect<PoolEmbeddings, GatewayError> => {
+  if (!model || model.disabled) return Effect.fail(fail("model_not_found"))
+  if (!model.supports_embeddings) return Effect.fail(fail("model_not_embedding"))
+  exchange.resolveModel(model.id)
+  const inputs = inputsOf(req)
+  const bytes = inputs.reduce((n, s) => n + Buffer.byteLength(s), 0)
+  return Effect.flatMap(exceedsLimit({ bytes, images: 0, texts: inputs }, model.max_input_tokens), ({ exceeds, tokens }) => {
+    if (exceeds) return Effect.fail(fail("input_too_long"))
+    exchange.setEstimatedInput(tokens)
+    return Effect.succeed({ _tag: "Pool", request: req, model, inputs } as const)
+  })
+}
+
+const byokEmbeddings = (exchange: Exchange, req: EmbeddingsRequest): Effect.Effect<ByokEmbeddings, GatewayError> => {
+  const reference = parseReference(req.model)
+  if (reference === null) return Effect.fail(fail("model_not_found", { message: InferenceMessages.byokBadReference }))
+  exchange.resolveModel(req.model)
+  const inputs = inputsOf(req)
+  const bytes = inputs.reduce((n, s) => n + Buffer.byteLength(s), 0)
+  return Effect.map(exceedsLimit({ bytes, images: 0, texts: inputs }, Number.MAX_SAFE_INTEGER), ({ tokens }) => {
+    exchange.setEstimatedInput(tokens)
+    return { _tag: "Byok", request: req, reference, inputs } as const
+  })
 }
 
 /**
@@ -84,22 +128,12 @@ export const prepareEmbeddings = (
   models: ReadonlyMap<string, ModelConfig>
 ): Effect.Effect<PreparedEmbeddings, GatewayError> =>
   Effect.flatMap(readBoundedText(request, limits.body_bytes), (text) =>
-    Effect.flatMap(readJsonBody(text, limits.json_depth), (body) => {
+    Effect.flatMap(readJsonBody(text, limits.json_depth), (body): Effect.Effect<PreparedEmbeddings, GatewayError> => {
       exchange.requestedModel(modelIdOfBody(body))
       const decoded = decodeEmbeddingsRequest(body, limits)
       if (Result.isFailure(decoded)) return Effect.fail(decoded.failure)
       const req = decoded.success
-      const model = models.get(req.model)
-      if (!model || model.disabled) return Effect.fail(fail("model_not_found"))
-      if (!model.supports_embeddings) return Effect.fail(fail("model_not_embedding"))
-      exchange.resolveModel(model.id)
-      const inputs = typeof req.input === "string" ? [req.input] : req.input
-      const bytes = inputs.reduce((n, s) => n + Buffer.byteLength(s), 0)
-      return Effect.flatMap(exceedsLimit({ bytes, images: 0, texts: inputs }, model.max_input_tokens), ({ exceeds, tokens }) => {
-        if (exceeds) return Effect.fail(fail("input_too_long"))
-        exchange.setEstimatedInput(tokens)
-        return Effect.succeed({ request: req, model, inputs })
-      })
+      return isByokModel(req.model) ? byokEmbeddings(exchange, req) : embeddingsForModel(exchange, req, models.get(req.model))
     }))
 
 /** `encoding_format: "base64"`: the vector as little-endian float32, base64-encoded (what the openai SDK decodes). */

@@ -38,6 +38,8 @@ export class Exchange implements RowSource {
   #hadTools = false
   #toolChoice: string | null = null
   #provider: string | null = null
+  #byok = false
+  #fellBack = false
   #estimatedInput = 0
   #ticket: Ticket | null = null
   #ttfbMs: number | null = null
@@ -101,6 +103,14 @@ export class Exchange implements RowSource {
   get provider(): string | null {
     return this.#provider
   }
+  /** Routed through one of the caller's own credentials. */
+  get byok(): boolean {
+    return this.#byok
+  }
+  /** A BYOK request that fell back to its pool model. */
+  get fellBack(): boolean {
+    return this.#fellBack
+  }
   get estimatedInput(): number {
     return this.#estimatedInput
   }
@@ -138,9 +148,34 @@ export class Exchange implements RowSource {
     this.#modelId = modelId
   }
 
-  /** The provider the request is sent to (recorded once every check before admission passed). */
+  /**
+   * The provider the request is sent to (recorded once every check before admission passed). A BYOK request that
+   * falls back keeps its credential's provider.
+   */
   routeTo(provider: string): void {
+    if (!this.#byok) this.#provider = provider
+  }
+
+  /** The request goes through the caller's credential of `provider` (the row's `byok` and `provider`). */
+  routeByok(provider: string): void {
     this.#provider = provider
+    this.#byok = true
+  }
+
+  /**
+   * A BYOK request falls back to the pool model `modelId`, before anything was delivered: the row records that
+   * model and `fell_back`, keeping the credential's provider. The BYOK ticket is given back (its RPM count stays).
+   */
+  fallBack(modelId: string): Effect.Effect<void> {
+    return Effect.suspend(() => {
+      this.#fellBack = true
+      this.#modelId = modelId
+      this.#dispatchedAt = null
+      this.#firstEventAt = null
+      const ticket = this.#ticket
+      this.#ticket = null
+      return ticket === null ? Effect.void : ticket.refund
+    })
   }
 
   describe(request: { readonly stream: boolean; readonly hadTools: boolean; readonly toolChoice: string | null }): void {

@@ -11,7 +11,10 @@
  * | 400, 404, 409, 413, 422 otherwise                     | 400 upstream_rejected                    |
  * | 401, 403, any other 4xx (our credentials or route)    | 500 upstream_error, x-should-retry: false|
  * | 5xx, unreadable answer                                | 500 upstream_error (retryable)           |
+ *
+ * Through a user's credential (BYOK) a 401 or 403 (or a 400 about the key) is 400 `byok_credential_rejected`.
  */
+import { classifyStatus, type ProbeFailureKind, rejectsCredential } from "../byok/Probe.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
 import type { UpstreamError } from "../upstream/Upstream.js"
 
@@ -67,6 +70,37 @@ const classify = (error: UpstreamError, detail: string): GatewayError => {
 export const upstreamFailure = (error: UpstreamError): GatewayError => {
   const detail = bounded(`${error.kind}${error.status ? ` ${error.status}` : ""}: ${error.detail}`)
   const mapped = classify(error, detail)
+  made.add(mapped)
+  return mapped
+}
+
+/**
+ * What a failed call through a user's credential means for the credential (`Probe.ts` kinds): auth and permission
+ * failures condemn it (`rejectsCredential`); the rest are transient or about the request.
+ */
+export const dispatchFailureKind = (error: UpstreamError): ProbeFailureKind => {
+  switch (error.kind) {
+    case "status":
+      return classifyStatus(error.status ?? 500, error.detail)
+    case "rate_limited":
+      return "rate_limited"
+    case "timeout":
+      return "timeout"
+    case "connect":
+      return "network_error"
+    case "protocol":
+      return "bad_response"
+  }
+}
+
+/**
+ * A failure through a user's credential: as `upstreamFailure`, except that the provider refusing the key (401,
+ * 403, or a 400 that says so) is 400 `byok_credential_rejected`: the caller's key, not the gateway's.
+ */
+export const byokUpstreamFailure = (error: UpstreamError): GatewayError => {
+  if (!rejectsCredential(dispatchFailureKind(error))) return upstreamFailure(error)
+  const detail = bounded(`${error.kind}${error.status ? ` ${error.status}` : ""}: ${error.detail}`)
+  const mapped = fail("byok_credential_rejected", { detail })
   made.add(mapped)
   return mapped
 }

@@ -160,6 +160,8 @@ export interface RowSource {
   readonly hadTools: boolean
   readonly toolChoice: string | null
   readonly provider: string | null
+  readonly byok: boolean
+  readonly fellBack: boolean
   readonly createdAt: Date
   readonly ttfbMs: number | null
   readonly durationMs: number
@@ -199,9 +201,9 @@ export const requestRow = (source: RowSource, completion: Completion, detailIsPr
     tps: source.tps,
     had_tools: source.hadTools,
     tool_choice: source.toolChoice,
-    byok: false,
+    byok: source.byok,
     provider: source.provider,
-    fell_back: false,
+    fell_back: source.fellBack,
     error: error === undefined
       ? null
       : detailIsPrivate

@@ -17,7 +17,8 @@ export interface UpstreamRequest {
   readonly messages: ReadonlyArray<Message>
   /** Whether the adapter should ask the upstream for a streamed answer. */
   readonly stream: boolean
-  readonly max_tokens: number
+  /** Output cap. Always set for catalog models (clamped); a BYOK request sends only what the client asked. */
+  readonly max_tokens?: number
   readonly temperature?: number
   readonly top_p?: number
   readonly stop?: string | ReadonlyArray<string>

@@ -40,16 +40,21 @@ export class AnthropicDecoder extends StreamDecoder implements ChatDecoder {
 export const anthropicChatCodec = (
   basePath: string,
   apiKey: string | undefined,
-  scheme?: EncodeOptions["scheme"]
+  scheme?: EncodeOptions["scheme"],
+  /** The whole request path, when it is not `<basePath>/v1/messages` (a BYOK base URL that ends in `/v1`). */
+  messagesPath?: string,
+  /** Headers added to every request (BYOK: the provider's static headers). */
+  extraHeaders?: Readonly<Record<string, string>>
 ): ChatCodec => {
   const options: EncodeOptions = scheme === undefined ? { apiKey } : { apiKey, scheme }
   const secrets: ReadonlyArray<string> = apiKey ? [apiKey] : []
-  const path = `${basePath}${MESSAGES_PATH}`
+  const path = messagesPath ?? `${basePath}${MESSAGES_PATH}`
   return {
     encode: (request) => {
       const encoded = encodeRequest(request, options)
       if (encoded instanceof UpstreamError) return encoded
-      return { method: "POST", path, headers: encoded.headers, body: encoded.body }
+      const headers = extraHeaders === undefined ? encoded.headers : { ...extraHeaders, ...encoded.headers }
+      return { method: "POST", path, headers, body: encoded.body }
     },
     decoder: () => new AnthropicDecoder(secrets),
     statusError: (status, body) => mapError(status, body, secrets)

@@ -35,6 +35,11 @@ import type { ContentPart, Message, ToolChoice, UpstreamRequest } from "../Upstr
 import { UpstreamError } from "../Upstream.js"
 
 export const MESSAGES_PATH = "/v1/messages"
+/**
+ * `max_tokens` when the request names none (a BYOK request passes only what the client asked, and the Messages
+ * API requires one): 4,096 is accepted by every Claude model.
+ */
+export const DEFAULT_MAX_TOKENS = 4096
 export const ANTHROPIC_VERSION = "2023-06-01"
 
 export interface EncodeOptions {
@@ -258,14 +263,15 @@ export const encodeRequest = (request: UpstreamRequest, options: EncodeOptions):
   const final = turns[turns.length - 1]
   // Thinking is off when Anthropic would refuse it: a forced tool, a prefill, or a tool loop continued without the
   // signed thinking blocks of the assistant turn that called the tools (the contract cannot carry them).
-  let budget = thinkingBudget(request.reasoning_effort, request.max_tokens)
+  const maxTokens = request.max_tokens ?? DEFAULT_MAX_TOKENS
+  let budget = thinkingBudget(request.reasoning_effort, maxTokens)
   if (
     budget > 0 &&
     ((hasTools && forcesTool(request.tool_choice)) ||
       (final !== undefined && (final.role === "assistant" || final.results.length > 0)))
   ) budget = 0
 
-  const body: Record<string, unknown> = { model: request.model, max_tokens: request.max_tokens }
+  const body: Record<string, unknown> = { model: request.model, max_tokens: maxTokens }
   if (system.length > 0) body.system = system.join("\n\n")
   body.messages = wireMessages
   if (request.stop !== undefined) {

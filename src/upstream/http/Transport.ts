@@ -10,7 +10,7 @@
  * `headersTimeout` / `bodyTimeout` are only backstops for abandoned requests.
  */
 import { Duration, Effect } from "effect"
-import { type Dispatcher, Pool } from "undici"
+import { type buildConnector, type Dispatcher, Pool } from "undici"
 import type { Timeouts } from "../../config/GatewayConfig.js"
 import { UpstreamError } from "../Upstream.js"
 import type { HttpRequest } from "./Codec.js"
@@ -48,11 +48,15 @@ export const headerText = (value: string | Array<string> | undefined): string =>
 export class HttpTransport {
   readonly pool: Pool
 
-  constructor(origin: string, connections: number, readonly timeouts: Timeouts) {
+  /**
+   * `connector`: replaces undici's socket connector (BYOK's address guard checks every resolved address at
+   * connect time); it owns the connect timeout then.
+   */
+  constructor(origin: string, connections: number, readonly timeouts: Timeouts, connector?: buildConnector.connector) {
     this.pool = new Pool(origin, {
       connections,
       pipelining: 1,
-      connect: { timeout: timeouts.connect_ms },
+      connect: connector ?? { timeout: timeouts.connect_ms },
       // The chat call's watchdog owns first-token and idle timeouts; these are backstops for abandoned requests.
       headersTimeout: timeouts.total_ms,
       bodyTimeout: timeouts.idle_ms + 1_000,

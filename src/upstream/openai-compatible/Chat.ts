@@ -4,23 +4,44 @@
  * `statusError`. Sent and read by the shared HTTP transport (`../http/ChatCall.ts`).
  */
 import type { ChatCodec, HttpRequest } from "../http/Codec.js"
+import type { UpstreamError } from "../Upstream.js"
 import { encodeChatRequest, requestHeaders } from "./Encode.js"
 import { statusError } from "./Errors.js"
 import { ChatNormalizer } from "./Normalize.js"
 
 /** `basePath`: the provider URL's path without a trailing slash (e.g. `/v1`); `apiKey`: sent as a bearer token. */
 export const openAiChatCodec = (basePath: string, apiKey: string | undefined): ChatCodec => {
-  const sseHeaders = requestHeaders(apiKey, "text/event-stream")
-  const jsonHeaders = requestHeaders(apiKey, "application/json")
   const path = `${basePath}/chat/completions`
+  return openAiChatCodecWith({
+    path: () => path,
+    sseHeaders: requestHeaders(apiKey, "text/event-stream"),
+    jsonHeaders: requestHeaders(apiKey, "application/json")
+  })
+}
+
+export interface OpenAiChatTarget {
+  /** The request path (with any query) for an upstream model id. */
+  readonly path: (model: string) => string
+  readonly sseHeaders: Readonly<Record<string, string>>
+  readonly jsonHeaders: Readonly<Record<string, string>>
+  /** OpenAI's own API wants `max_completion_tokens` (its reasoning models refuse `max_tokens`). */
+  readonly maxTokensField?: "max_tokens" | "max_completion_tokens"
+  /** Applied to every error the codec reports (BYOK: removes the user's secret from upstream text). */
+  readonly mapError?: (error: UpstreamError) => UpstreamError
+}
+
+/** The codec over any target: a per-model path and fixed header sets (BYOK credentials, Azure deployments). */
+export const openAiChatCodecWith = (target: OpenAiChatTarget): ChatCodec => {
+  const field = target.maxTokensField ?? "max_tokens"
+  const mapError = target.mapError
   return {
     encode: (request): HttpRequest => ({
       method: "POST",
-      path,
-      headers: request.stream ? sseHeaders : jsonHeaders,
-      body: encodeChatRequest(request)
+      path: target.path(request.model),
+      headers: request.stream ? target.sseHeaders : target.jsonHeaders,
+      body: encodeChatRequest(request, field)
     }),
     decoder: () => new ChatNormalizer(),
-    statusError
+    statusError: mapError === undefined ? statusError : (status, body) => mapError(statusError(status, body))
   }
 }

@@ -43,14 +43,25 @@ export const openAiEmbed = (
   apiKey: string | undefined
 ): UpstreamAdapter["embed"] => {
   const path = `${basePath}/embeddings`
-  const headers = requestHeaders(apiKey, "application/json")
-  return (model, input) =>
+  return openAiEmbedWith(transport, () => path, requestHeaders(apiKey, "application/json"))
+}
+
+/** `embed` over any target: a per-model path (Azure deployments) and fixed headers (BYOK credentials). */
+export const openAiEmbedWith = (
+  transport: HttpTransport,
+  pathOf: (model: string) => string,
+  headers: Readonly<Record<string, string>>,
+  mapError: (error: UpstreamError) => UpstreamError = (e) => e
+): UpstreamAdapter["embed"] =>
+  (model, input) =>
     Effect.flatMap(
-      transport.request({ method: "POST", path, headers, body: encodeEmbeddingsRequest(model, input) }, "embeddings"),
+      transport.request(
+        { method: "POST", path: pathOf(model), headers, body: encodeEmbeddingsRequest(model, input) },
+        "embeddings"
+      ),
       ({ status, text }) => {
-        if (status < 200 || status >= 300) return Effect.fail(statusError(status, text))
+        if (status < 200 || status >= 300) return Effect.fail(mapError(statusError(status, text)))
         const decoded = decodeEmbeddings(text, input.length)
         return decoded instanceof UpstreamError ? Effect.fail(decoded) : Effect.succeed(decoded)
       }
     )
-}

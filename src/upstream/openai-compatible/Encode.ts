@@ -22,10 +22,13 @@ const upstreamMessages = (messages: ReadonlyArray<Message>): ReadonlyArray<Messa
 const INCLUDE_USAGE = { include_usage: true } as const
 
 /** Only contract fields are forwarded; the tool options only with a non-empty `tools`. */
-export const encodeChatRequest = (r: UpstreamRequest): string => {
+export const encodeChatRequest = (
+  r: UpstreamRequest,
+  maxTokensField: "max_tokens" | "max_completion_tokens" = "max_tokens"
+): string => {
   const body: Record<string, unknown> = { model: r.model, messages: upstreamMessages(r.messages), stream: r.stream }
   if (r.stream) body.stream_options = INCLUDE_USAGE
-  body.max_tokens = r.max_tokens
+  if (r.max_tokens !== undefined) body[maxTokensField] = r.max_tokens
   if (r.temperature !== undefined) body.temperature = r.temperature
   if (r.top_p !== undefined) body.top_p = r.top_p
   if (r.stop !== undefined) body.stop = r.stop

@@ -322,7 +322,7 @@ export const planChat = (request: UpstreamRequest): ChatPlan => {
   const last = messages[messages.length - 1]
   const userText = lastUserText(messages)
   const seed = hash32(userText)
-  let budget = Math.max(0, request.max_tokens)
+  let budget = Math.max(0, request.max_tokens ?? Number.MAX_SAFE_INTEGER)
   let truncated = false
   let reasoning = ""
   let content = ""

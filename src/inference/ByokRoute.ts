@@ -1,0 +1,135 @@
+/**
+ * A request through the caller's own credential (`@provider[:label]/model`, chat and embeddings): the gates, the
+ * credential, admission (RPM and the abuse cooldown only), the dispatch, and what a failed dispatch does.
+ *
+ * - A guest is refused (403 `byok_disabled`, the guest message); so is every account while BYOK is off.
+ * - A `rejected` credential is not called: the request falls back, or fails with 400 `byok_credential_rejected`.
+ * - A dispatch that fails before anything reached the client: an auth or permission failure marks the credential
+ *   `rejected` with the kind as `last_error_code` (here at once, every replica soon); then, when the account's
+ *   effective fallback is on and the credential names a `fallback_model_id` that can take the request, the request
+ *   runs again on that pool model, admitted and charged as a pool request (row: `fell_back`).
+ * - A failure after the first byte cannot fall back: the stream ends without `[DONE]`.
+ */
+import { Effect } from "effect"
+import type { Caller } from "../auth/Auth.js"
+import { Byok } from "../byok/Byok.js"
+import { Credentials } from "../byok/Credentials.js"
+import { rejectsCredential } from "../byok/Probe.js"
+import { type ByokReference, rpmWindowOf } from "../byok/Reference.js"
+import type { ModelConfig } from "../config/GatewayConfig.js"
+import { LiveCatalog, Settings } from "../config/Live.js"
+import { AccountMessages, fail, type GatewayError } from "../errors/Catalog.js"
+import { Admission } from "../quota/Admission.js"
+import type { UpstreamAdapter, UpstreamError } from "../upstream/Upstream.js"
+import type { Exchange } from "./Exchange.js"
+import { byokUpstreamFailure, dispatchFailureKind } from "./UpstreamErrors.js"
+
+const admissionModels = new Map<string, ModelConfig>()
+
+/**
+ * The model admission sees for a BYOK request: only its id (the RPM window, one per provider) and its RPM limit
+ * are read, since BYOK requests take no pool, daily cap or in-flight slot.
+ */
+export const byokAdmissionModel = (provider: string, rpm: number): ModelConfig => {
+  const id = rpmWindowOf(provider)
+  const cached = admissionModels.get(id)
+  if (cached !== undefined && cached.rate_limit_rpm === rpm) return cached
+  const model: ModelConfig = {
+    id,
+    owned_by: provider,
+    created: 0,
+    supports_tools: true,
+    supports_reasoning: true,
+    supports_images: true,
+    supports_embeddings: true,
+    supports_chat: true,
+    reasoning_efforts: [],
+    max_input_tokens: Number.MAX_SAFE_INTEGER,
+    max_output_tokens: Number.MAX_SAFE_INTEGER,
+    rate_limit_rpm: rpm,
+    concurrency: Number.MAX_SAFE_INTEGER,
+    daily_cap: null,
+    weights: { input: 0, output: 0 },
+    disabled: false,
+    route: { provider: `byok:${provider}`, model: "" }
+  }
+  admissionModels.set(id, model)
+  return model
+}
+
+export interface ByokPlan<A, R> {
+  /** The call through the credential; its upstream failures go through `mapFailure`. */
+  readonly attempt: (
+    adapter: UpstreamAdapter,
+    mapFailure: (error: UpstreamError) => GatewayError
+  ) => Effect.Effect<A, GatewayError, R>
+  /**
+   * Prepares the same request on the pool model (its gates and limits); fails when that model cannot take it,
+   * and the BYOK failure is answered instead. The returned effect admits and runs it.
+   */
+  readonly fallback: (model: ModelConfig) => Effect.Effect<Effect.Effect<A, GatewayError, R>, GatewayError>
+}
+
+export const runByok = <A, R>(exchange: Exchange, caller: Caller, reference: ByokReference, plan: ByokPlan<A, R>) =>
+  Effect.gen(function*() {
+    const account = caller.account
+    if (account.is_guest) return yield* Effect.fail(fail("byok_disabled", { message: AccountMessages.byokGuest }))
+    const byok = yield* Byok
+    const credentials = yield* Credentials
+    const admission = yield* Admission
+    const settings = yield* Settings
+    const catalog = yield* LiveCatalog
+    const credential = yield* credentials.resolve(account.id, reference)
+    exchange.routeByok(credential.provider.id)
+
+    const fallbackOn = account.byok_fallback_override ?? byok.config.fallback_default_on
+    const fallbackModel = fallbackOn && credential.fallbackModelId !== null
+      ? catalog.current().byId.get(credential.fallbackModelId)
+      : undefined
+    const requested = exchange.modelId
+
+    /** The pool model when it can take the request, else the BYOK failure as it is. */
+    const fallBack = (original: GatewayError): Effect.Effect<A, GatewayError, R> => {
+      if (fallbackModel === undefined || fallbackModel.disabled) return Effect.fail(original)
+      return plan.fallback(fallbackModel).pipe(
+        Effect.matchEffect({
+          onFailure: (refused) =>
+            Effect.logInfo("BYOK fallback model cannot take the request").pipe(
+              Effect.annotateLogs({ fallback_model: fallbackModel.id, code: refused.code }),
+              Effect.andThen(Effect.sync(() => exchange.resolveModel(requested))),
+              Effect.andThen(Effect.fail(original))
+            ),
+          onSuccess: (run) => Effect.andThen(exchange.fallBack(fallbackModel.id), run)
+        })
+      )
+    }
+
+    if (credential.status === "rejected") {
+      return yield* fallBack(fail("byok_credential_rejected", {
+        detail: `credential ${credential.id} is rejected (${credential.lastErrorCode ?? "unknown"})`
+      }))
+    }
+
+    yield* exchange.admit(admission, {
+      accountId: account.id,
+      plan: settings.planFor(account.plan),
+      model: byokAdmissionModel(credential.provider.id, byok.config.rate_limit_rpm),
+      estimatedInputTokens: exchange.estimatedInput,
+      byok: true
+    })
+
+    let dispatchError: UpstreamError | null = null
+    const mapFailure = (error: UpstreamError): GatewayError => {
+      dispatchError = error
+      return byokUpstreamFailure(error)
+    }
+    return yield* plan.attempt(credential.adapter, mapFailure).pipe(
+      Effect.catch((error): Effect.Effect<A, GatewayError, R> => {
+        const failed = dispatchError as UpstreamError | null
+        if (failed === null) return Effect.fail(error)
+        const kind = dispatchFailureKind(failed)
+        const condemn = rejectsCredential(kind) ? credentials.reject(credential, kind) : Effect.void
+        return Effect.andThen(condemn, fallBack(error))
+      })
+    )
+  })
