@@ -22,29 +22,41 @@ const hasFlag = (flags: ReadonlyArray<string>, name: string): boolean =>
     f.startsWith(`${name.replaceAll("-", "_")}=`))
 
 /**
- * The node arguments to restart with, or null when the process should run as it is: no heap bound, a semi-space
- * size chosen by the operator, an opt-out (`WELLSPRING_HEAP_TUNING=0`), or a runtime without `process.execve`.
+ * The node arguments to restart with, or null when the process should run as it is. Two flags may be added:
+ * - `--max-semi-space-size` under a heap bound (`--max-old-space-size`) unless the operator chose a size;
+ * - `--liftoff-only` in embedded mode (no `DATABASE_URL`) unless the operator chose a WebAssembly tier: V8's
+ *   optimizing compile of PGlite's 25 MB module takes ~500 MB for a second or two after boot (measured: peak RSS
+ *   819 MB against 310 MB without it), for no measurable gain in CPU per request (the database runs in its own
+ *   worker and sees a few batched writes per second).
+ * Null with neither, with the opt-out (`WELLSPRING_HEAP_TUNING=0`), or on a runtime without `process.execve`.
  */
 export const boundedRestartArgs = (input: {
   readonly execArgv: ReadonlyArray<string>
   readonly nodeOptions: string | undefined
   readonly optOut: string | undefined
   readonly canExec: boolean
+  readonly embedded?: boolean
 }): ReadonlyArray<string> | null => {
   if (!input.canExec || input.optOut === "0") return null
   const flags = flagsOf(input.execArgv, input.nodeOptions)
-  if (!hasFlag(flags, "--max-old-space-size")) return null
-  if (hasFlag(flags, "--max-semi-space-size")) return null
-  return [...input.execArgv, `--max-semi-space-size=${SEMI_SPACE_MB}`]
+  const added: Array<string> = []
+  if (hasFlag(flags, "--max-old-space-size") && !hasFlag(flags, "--max-semi-space-size")) {
+    added.push(`--max-semi-space-size=${SEMI_SPACE_MB}`)
+  }
+  if (input.embedded === true && !hasFlag(flags, "--liftoff-only") && !hasFlag(flags, "--no-liftoff-only")) {
+    added.push("--liftoff-only")
+  }
+  return added.length === 0 ? null : [...input.execArgv, ...added]
 }
 
-/** Restarts the process in place with a capped young generation when it runs under a heap bound. */
+/** Restarts the process in place with the flags of `boundedRestartArgs`, when it adds any. */
 export const applyHeapBound = (): void => {
   const args = boundedRestartArgs({
     execArgv: process.execArgv,
     nodeOptions: process.env["NODE_OPTIONS"],
     optOut: process.env["WELLSPRING_HEAP_TUNING"],
-    canExec: typeof process.execve === "function" && process.platform !== "win32"
+    canExec: typeof process.execve === "function" && process.platform !== "win32",
+    embedded: !process.env["DATABASE_URL"]
   })
   if (args === null) return
   process.execve!(process.execPath, [process.execPath, ...args, ...process.argv.slice(1)], process.env)

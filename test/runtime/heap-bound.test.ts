@@ -23,6 +23,16 @@ describe("heap bound: young generation capped under --max-old-space-size", () =>
     expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160"], canExec: false })).toBeNull()
   })
 
+  it("embedded mode adds --liftoff-only unless a WebAssembly tier was chosen; production does not", () => {
+    expect(boundedRestartArgs({ ...base, execArgv: [], embedded: true })).toEqual(["--liftoff-only"])
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160"], embedded: true }))
+      .toEqual(["--max-old-space-size=160", `--max-semi-space-size=${SEMI_SPACE_MB}`, "--liftoff-only"])
+    expect(boundedRestartArgs({ ...base, execArgv: [], embedded: false })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: ["--no-liftoff-only"], embedded: true })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [], nodeOptions: "--liftoff-only", embedded: true })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [], embedded: true, optOut: "0" })).toBeNull()
+  })
+
   it("a bounded process restarts itself in place (same PID) with a heap limit close to its bound", () => {
     const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "heap-bound-"))
     const script = Path.join(dir, "probe.mjs")
@@ -37,7 +47,7 @@ describe("heap bound: young generation capped under --max-old-space-size", () =>
     try {
       const run = spawnSync(process.execPath, ["--max-old-space-size=160", "--import", "tsx", script], {
         encoding: "utf8",
-        env: { ...process.env, WELLSPRING_HEAP_TUNING: "" }
+        env: { ...process.env, WELLSPRING_HEAP_TUNING: "", DATABASE_URL: "postgres://unused" }
       })
       expect(run.status).toBe(0)
       const lines = run.stdout.trim().split("\n").map((l) => JSON.parse(l) as { pid: number; args: string[]; limitMb: number })
