@@ -317,7 +317,8 @@ const models = Effect.gen(function*() {
   // Ownership first, on every request: a cache hit never skips it.
   const row = yield* repo.findOwn(caller.account.id, id)
   if (row === null) return yield* Effect.fail(notFound())
-  const cached = yield* byok.models.get(id)
+  // A rejected credential is re-verified by the provider listing its models: a cached list proves nothing.
+  const cached = row.status === "active" ? yield* byok.models.get(id) : null
   if (cached !== null) return json({ success: true, data: { models: cached, cached: true } })
   const provider = byok.catalog.byId.get(row.provider)
   const scheme = provider?.schemes.find((s) => s.id === row.auth_scheme)

@@ -25,9 +25,13 @@ import {
 import { Exchange, finishing } from "./Exchange.js"
 import { upstreamFailure } from "./UpstreamErrors.js"
 
-/** The OpenAI list shape; vectors of catalog models fitted to the spec's fixed size, BYOK vectors as they came. */
+/**
+ * The OpenAI list shape; vectors of catalog models fitted to the spec's fixed size, BYOK vectors as they came.
+ * `model` is the model that answered (a BYOK request that fell back names the pool model).
+ */
 const answer = (
   exchange: Exchange,
+  model: string,
   req: EmbeddingsRequest,
   result: { readonly vectors: ReadonlyArray<ReadonlyArray<number>>; readonly prompt_tokens: number },
   fitted: boolean
@@ -42,7 +46,7 @@ const answer = (
         embedding: req.encoding_format === "base64" ? toBase64Float32(vector) : vector
       }
     }),
-    model: req.model,
+    model,
     usage: { prompt_tokens: result.prompt_tokens, total_tokens: result.prompt_tokens }
   }, 200, { "x-request-id": String(exchange.rowId) })
 
@@ -89,7 +93,7 @@ export const embeddings = HttpRouter.add(
               byok: false
             })
             const adapter = yield* upstreams.get(model.route.provider).pipe(Effect.mapError(upstreamFailure))
-            return answer(exchange, req, yield* embed(adapter, model.route.model, inputs, upstreamFailure), true)
+            return answer(exchange, model.id, req, yield* embed(adapter, model.route.model, inputs, upstreamFailure), true)
           })
         const run = Effect.gen(function*() {
           yield* auth.gate(caller, headersOf(request))
@@ -99,7 +103,7 @@ export const embeddings = HttpRouter.add(
             attempt: (adapter, mapFailure) =>
               Effect.map(
                 embed(adapter, prepared.reference.model, prepared.inputs, mapFailure),
-                (result) => answer(exchange, prepared.request, result, false)
+                (result) => answer(exchange, prepared.request.model, prepared.request, result, false)
               ),
             fallback: (model) => Effect.map(embeddingsForModel(exchange, prepared.request, model), pooled)
           })
