@@ -149,6 +149,8 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
       this.bodySize += chunk.length
       if (this.bodySize <= (this.mode === JSON_BODY ? MAX_JSON_BODY : MAX_ERROR_BODY)) this.body!.push(chunk)
       else if (this.mode === JSON_BODY) this.fail(new UpstreamError({ kind: "protocol", detail: "answer too large" }))
+      // An error body past its bound: what was read makes the message; the rest (maybe endless) is not waited for.
+      else this.fail(this.codec.statusError(this.status, Buffer.concat(this.body!).toString("utf8")))
       return
     }
     try {

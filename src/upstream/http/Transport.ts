@@ -15,7 +15,7 @@ import type { Timeouts } from "../../config/GatewayConfig.js"
 import { UpstreamError } from "../Upstream.js"
 import type { HttpRequest } from "./Codec.js"
 
-/** Error bodies are read up to this size for the message. */
+/** Error bodies are read up to this size for the message (the rest is not read). */
 export const MAX_ERROR_BODY = 64 * 1024
 /** A whole (non-streamed) answer larger than this is a protocol error. */
 export const MAX_JSON_BODY = 64 * 1024 * 1024
@@ -124,17 +124,25 @@ class BufferCall implements Dispatcher.DispatchHandler {
     if (status >= 200) this.status = status
   }
 
-  onResponseData(_controller: Dispatcher.DispatchController, chunk: Buffer): void {
+  onResponseData(controller: Dispatcher.DispatchController, chunk: Buffer): void {
+    if (this.closed) return
     this.size += chunk.length
-    if (this.size <= MAX_JSON_BODY) this.body.push(chunk)
+    const failed = this.status < 200 || this.status >= 300
+    if (this.size <= (failed ? MAX_ERROR_BODY : MAX_JSON_BODY)) return void this.body.push(chunk)
+    // Past the bound: answer now (an error with what was read, else too large) and stop reading a body that may
+    // never end.
+    this.closed = true
+    controller.abort(ABORTED)
+    this.callback(
+      failed
+        ? { status: this.status, text: Buffer.concat(this.body).toString("utf8") }
+        : new UpstreamError({ kind: "protocol", detail: "answer too large" })
+    )
   }
 
   onResponseEnd(): void {
     this.ended = true
     if (this.closed) return
-    if (this.size > MAX_JSON_BODY) {
-      return this.callback(new UpstreamError({ kind: "protocol", detail: "answer too large" }))
-    }
     this.callback({ status: this.status, text: Buffer.concat(this.body).toString("utf8") })
   }
 
