@@ -94,10 +94,16 @@ describe("chat request gates", () => {
   it.each([
     ["unknown id", "no-such-model"],
     ["disabled model", "ws-legacy"],
-    ["BYOK reference", "@openai/gpt-4o"],
-    ["BYOK reference with label", "@openai:work/gpt-4o"]
+    ["malformed BYOK reference", "@openai"]
   ])("model_not_found: %s", async (_name, model) => {
     await rejects({ model, messages: hi }, 400, "model_not_found")
+  })
+
+  it.each([
+    ["BYOK reference", "@openai/gpt-4o"],
+    ["BYOK reference with label", "@openai:work/gpt-4o"]
+  ])("byok_credential_missing: %s without a saved credential", async (_name, model) => {
+    await rejects({ model, messages: hi }, 400, "byok_credential_missing")
   })
 
   it("model_not_chat: an embedding model", async () => {
