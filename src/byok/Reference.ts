@@ -32,6 +32,8 @@ export const parseReference = (model: string): ByokReference | null => {
   if (slash < 0) return null
   const head = model.slice(1, slash)
   const id = model.slice(slash + 1)
+  // `.` and `..` would be path segments where the id goes into the URL (Azure deployments).
+  if (id === "." || id === "..") return null
   if (id === "" || id.length > MAX_REFERENCE_MODEL_CHARS || UNPRINTABLE.test(id) || LONE_SURROGATE.test(id)) return null
   const colon = head.indexOf(":")
   const provider = colon < 0 ? head : head.slice(0, colon)

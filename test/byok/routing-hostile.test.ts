@@ -195,6 +195,8 @@ describe.skipIf(!postgresAvailable)("BYOK routing under hostile clients and prov
       "@openai/a\udc00b",
       "@azure/\ud800",
       "@azure/deploy\udbff",
+      "@azure/..",
+      "@azure:key-1/.",
       "@openai:a:b/x",
       "@openai:a@b/x",
       "@openai:a b/x",
@@ -634,9 +636,9 @@ describe("BYOK dispatch timeouts against a hanging provider", () => {
       })
       const elapsed = performance.now() - started
       expectEnvelope(r, 503, "upstream_timeout")
-      // first_token_ms for chat, total_ms for the buffered embeddings call.
-      expect(elapsed).toBeGreaterThanOrEqual(path === CHAT ? 290 : 990)
-      expect(elapsed).toBeLessThan(5_000)
+      // first_token_ms bounds the wait for headers on every call, the buffered embeddings one too (not total_ms).
+      expect(elapsed).toBeGreaterThanOrEqual(290)
+      expect(elapsed).toBeLessThan(path === CHAT ? 5_000 : 950)
       const seen = await arrival
       await seen.closed
       expect(seen.aborted).toBe(true)

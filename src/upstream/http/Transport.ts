@@ -69,8 +69,8 @@ export class HttpTransport {
   }
 
   /**
-   * One buffered request: the status and the body text (bounded by `MAX_JSON_BODY`), within `total_ms`
-   * on the Effect clock (`what` names the answer in the timeout's detail). Interruption aborts the request.
+   * One buffered request: the status and the body text (bounded by `MAX_JSON_BODY`), its headers within
+   * `first_token_ms` and the whole within `total_ms` on the Effect clock (`what` names the answer in the timeout's detail). Interruption aborts the request.
    */
   request(
     request: HttpRequest,
@@ -80,7 +80,8 @@ export class HttpTransport {
     return Effect.callback<{ status: number; text: string }, UpstreamError>((resume) => {
       const call = new BufferCall(this.timeouts.connect_ms, (result) =>
         resume(result instanceof UpstreamError ? Effect.fail(result) : Effect.succeed(result)))
-      this.pool.dispatch(request, call)
+      // The answer's headers within `first_token_ms`, as for a non-streamed chat call (real time: undici's timer).
+      this.pool.dispatch({ ...request, headersTimeout: this.timeouts.first_token_ms }, call)
       return Effect.sync(() => call.abort())
     }).pipe(
       Effect.timeoutOrElse({
