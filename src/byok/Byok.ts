@@ -3,13 +3,17 @@
  * the address guard (it owns two undici Agents, closed with the layer) and the short per-credential model-list
  * cache of `GET /api/user/me/byok/:id/models`.
  *
- * The catalog and guard are built from the config at boot; a change to `byok` in the config file takes effect
- * on restart (the live reload covers the model catalog only).
+ * Live settings: the provider catalog (`providers.<id>` enable, base URLs, regions), `max_per_provider`,
+ * `fallback_default_on` and `rate_limit_rpm` are re-read from the config file with the model catalog (every
+ * `catalog_reload_seconds`); an invalid `byok` section is refused and the previous settings stay. The switch, the
+ * sealing key, the guard's allow-lists, timeouts and cache lifetimes are read at boot.
  */
-import { Clock, Context, Effect, Layer } from "effect"
+import { Clock, Context, Duration, Effect, Layer, Schedule } from "effect"
+import * as Fs from "node:fs"
+import { readByokSection } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
 import type { AddressGuard } from "./AddressGuard.js"
-import { type ByokConfig, type ByokSwitch, resolveByok } from "./Config.js"
+import { type ByokConfig, type ByokSwitch, decodeByokConfig, resolveByok } from "./Config.js"
 import { makeByokGuard } from "./Probe.js"
 import { makeProviderCatalog, type ModelListItem, type ProviderCatalog } from "./Providers.js"
 
@@ -49,13 +53,25 @@ export const makeModelCache = (ttlMs: number, maxEntries = MODEL_CACHE_ENTRIES):
 }
 
 export class Byok extends Context.Service<Byok, {
+  /** The current settings (live parts reloaded, see the module comment). */
   readonly config: ByokConfig
   /** Gate 3 of the BYOK router: on with a sealing key, or off with the reason. */
   readonly switch: ByokSwitch
+  /** The current provider catalog (a new object after each accepted reload). */
   readonly catalog: ProviderCatalog
   readonly guard: AddressGuard
   readonly models: ModelCache
 }>()("wellspring/byok/Byok") {}
+
+/** Modification time and size of the config file; null when it cannot be read. */
+const fileStamp = (path: string): string | null => {
+  try {
+    const stat = Fs.statSync(path)
+    return `${stat.mtimeMs}:${stat.size}`
+  } catch {
+    return null
+  }
+}
 
 export const make = Effect.gen(function*() {
   const settings = yield* Settings
@@ -66,12 +82,54 @@ export const make = Effect.gen(function*() {
     Effect.sync(() => makeByokGuard(config)),
     (g) => Effect.promise(() => g.close())
   )
+  let live = config
+  let catalog = makeProviderCatalog(config)
+  /** The live parts as last taken (the boot config may carry the env key: never compared). */
+  const comparable = ({ encryption_key: _, ...rest }: ByokConfig) => JSON.stringify(rest)
+  let seen = comparable(config)
+  let stamp = fileStamp(settings.path)
+  /** Takes the live parts of a changed `byok` section; boot-time parts keep their boot values. */
+  const reload = Effect.suspend(() => {
+    const now = fileStamp(settings.path)
+    if (now === null || now === stamp) return Effect.void
+    stamp = now
+    let next: ByokConfig
+    try {
+      next = decodeByokConfig(readByokSection(settings.path))
+    } catch (error) {
+      const why = (error as Error).message.slice(0, 500)
+      return Effect.logWarning("byok settings reload rejected; keeping the previous ones").pipe(Effect.annotateLogs({ why }))
+    }
+    const text = comparable(next)
+    if (text === seen) return Effect.void
+    seen = text
+    live = {
+      ...config,
+      providers: next.providers,
+      max_per_provider: next.max_per_provider,
+      fallback_default_on: next.fallback_default_on,
+      rate_limit_rpm: next.rate_limit_rpm
+    }
+    catalog = makeProviderCatalog(live)
+    return Effect.logInfo("byok provider catalog reloaded").pipe(
+      Effect.annotateLogs({ providers: catalog.providers.map((p) => p.id).join(",") })
+    )
+  })
+  yield* reload.pipe(
+    Effect.repeat(Schedule.spaced(Duration.seconds(settings.config.catalog_reload_seconds))),
+    Effect.forkScoped
+  )
+  const models = makeModelCache(config.model_list_cache_seconds * 1000)
   return Byok.of({
-    config,
+    get config() {
+      return live
+    },
     switch: byokSwitch,
-    catalog: makeProviderCatalog(config),
+    get catalog() {
+      return catalog
+    },
     guard,
-    models: makeModelCache(config.model_list_cache_seconds * 1000)
+    models
   })
 })
 

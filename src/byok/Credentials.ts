@@ -25,7 +25,7 @@ import type { UpstreamAdapter } from "../upstream/Upstream.js"
 import { Byok } from "./Byok.js"
 import { type CredentialRow, CredentialsRepo } from "./CredentialsRepo.js"
 import { credentialAdapter, CredentialTransports, isRefusal } from "./Dispatch.js"
-import type { ProviderDef } from "./Providers.js"
+import type { ProviderCatalog, ProviderDef } from "./Providers.js"
 import type { ByokReference } from "./Reference.js"
 import { openMeta, openSecret } from "./Secrets.js"
 
@@ -52,6 +52,8 @@ export interface ResolvedCredential {
 interface Entry {
   readonly rows: ReadonlyArray<CredentialRow>
   readonly expiresAt: number
+  /** The provider catalog the adapters were built from: a reloaded catalog (new base URLs) rebuilds them. */
+  readonly catalog: ProviderCatalog
   /** Adapters by credential id, built on first use. */
   readonly adapters: Map<number, UpstreamAdapter>
 }
@@ -138,10 +140,10 @@ export const make: Effect.Effect<Context.Service.Shape<typeof Credentials>, neve
 
     const rowsOf = (accountId: string, now: number): Effect.Effect<Entry> => {
       const hit = cache.get(accountId)
-      if (hit !== undefined && hit.expiresAt > now) return Effect.succeed(hit)
+      if (hit !== undefined && hit.expiresAt > now && hit.catalog === byok.catalog) return Effect.succeed(hit)
       const seen = generationOf(accountId)
       return Effect.map(repo.list(accountId), (rows) => {
-        const entry: Entry = { rows, expiresAt: now + POSITIVE_TTL_MS, adapters: new Map() }
+        const entry: Entry = { rows, expiresAt: now + POSITIVE_TTL_MS, catalog: byok.catalog, adapters: new Map() }
         if (seen === generationOf(accountId)) remember(accountId, entry)
         return entry
       })

@@ -387,6 +387,13 @@ export const loadConfig = (
   return { config: decodeGatewayConfig(doc, path), path }
 }
 
+/** The `byok` section of a config file as written (decoded by `byok/Config.ts`); `{}` when absent. */
+export const readByokSection = (path: string): unknown => {
+  const raw = parseYaml(Fs.readFileSync(path, "utf8"), path)
+  const section = typeof raw === "object" && raw !== null ? (raw as Record<string, unknown>).byok : undefined
+  return section ?? {}
+}
+
 export const readCatalogFile = (path: string): Catalog => {
   const text = Fs.readFileSync(path, "utf8")
   return decodeCatalog(parseYaml(text, path), path)
