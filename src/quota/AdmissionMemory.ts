@@ -1,7 +1,7 @@
 /**
  * In-process `Admission` (embedded mode, ARCHITECTURE §4), composed of:
  *
- * - `AccountActors.ts`: one actor per account (mailbox, supervision, passivation, inline fast path);
+ * - `runtime/Actors.ts`: one actor per account (mailbox, supervision, passivation, inline fast path);
  * - `Transitions.ts`: what the actors compute (window roll, admit decision, settle/refund, standing, RPM, abuse);
  * - `ModelGates.ts`: per model, the in-flight counter and the shared daily total (09:00 KST boundary);
  * - `WriteBehind.ts` (optional, `sql`): write-behind to `quota_windows` / `model_daily_usage`, batched a
@@ -17,7 +17,7 @@ import { Clock, Context, Duration, Effect, Exit, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import type { PlanConfig } from "../config/GatewayConfig.js"
 import type { GatewayError } from "../errors/Catalog.js"
-import * as AccountActors from "./AccountActors.js"
+import * as AccountActors from "../runtime/Actors.js"
 import { Admission, type AdmitInput, type SettleUsage, type Standing, type Ticket } from "./Admission.js"
 import { type Gate, makeModelGates } from "./ModelGates.js"
 import {
@@ -162,7 +162,7 @@ export const make = (options: MemoryOptions) =>
         const taken = [...pending.entries()]
         const rows = new Map<string, AccountWindows>()
         for (const [id, s] of taken) rows.set(id, toRow(id, s))
-        for (const a of live) if (a.loaded) rows.set(a.accountId, toRow(a.accountId, a.state))
+        for (const a of live) if (a.loaded) rows.set(a.key, toRow(a.key, a.state))
         const daily = gates.takeDirty()
         if (rows.size === 0 && daily.rows.length === 0) return undefined
         return {
@@ -259,7 +259,7 @@ export const make = (options: MemoryOptions) =>
         case "Rpm":
           return Exit.succeed(rpmCount(actor.state, now))
         case "Crash":
-          throw new Error(`injected defect in quota actor ${actor.accountId}`)
+          throw new Error(`injected defect in quota actor ${actor.key}`)
       }
     }
 
@@ -275,22 +275,22 @@ export const make = (options: MemoryOptions) =>
         : Exit.fail(unavailable(why))
 
     const load = (actor: Actor): Effect.Effect<boolean> => {
-      const snapshot = pending.get(actor.accountId)
+      const snapshot = pending.get(actor.key)
       if (snapshot !== undefined || repo === undefined) {
         actor.state = snapshot === undefined ? emptyAccount() : copyAccount(snapshot)
         actor.loaded = true
         return Effect.succeed(true)
       }
-      return repo.loadAccount(actor.accountId).pipe(
+      return repo.loadAccount(actor.key).pipe(
         Effect.map((row) => {
           // a passivated snapshot may have appeared while the query ran: it is newer
-          const newer = pending.get(actor.accountId)
+          const newer = pending.get(actor.key)
           actor.state = newer !== undefined ? copyAccount(newer) : fromRow(row)
           actor.loaded = true
           return true
         }),
         Effect.catchCause((cause) =>
-          Effect.as(Effect.logWarning(`quota state of ${actor.accountId} could not be loaded`, cause), false)
+          Effect.as(Effect.logWarning(`quota state of ${actor.key} could not be loaded`, cause), false)
         )
       )
     }
@@ -303,7 +303,7 @@ export const make = (options: MemoryOptions) =>
       load,
       handle,
       refuse,
-      handOver: (actor) => putPending(actor.accountId, actor.state),
+      handOver: (actor) => putPending(actor.key, actor.state),
       stopped: (actor) => {
         dirtyActors.delete(actor)
       }

@@ -3,7 +3,7 @@
  * and an explicit `now` (epoch ms). No effects, no clock, no actor: `test/quota/Transitions.test.ts` drives them
  * directly.
  *
- * The state is mutated in place: its owner (the account actor, `AccountActors.ts`) serializes every call, and a
+ * The state is mutated in place: its owner (the account actor, `runtime/Actors.ts`) serializes every call, and a
  * copy per admission would cost allocations on the request path. Every transition checks everything first and
  * writes only when the outcome is known, so a transition that throws leaves the state as it was.
  *

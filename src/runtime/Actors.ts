@@ -1,8 +1,9 @@
 /**
- * Account actors of the in-process admission (ARCHITECTURE §4): one actor per account owns that account's state
- * and serves its commands one at a time, so a check and its commit are atomic without locks.
+ * Actors (ARCHITECTURE §4): one actor per key owns that key's state and serves its commands one at a time, so a
+ * check and its commit are atomic without locks. Used for accounts (in-process admission, `quota/AdmissionMemory.ts`)
+ * and for BYOK credentials in use (`byok/Credentials.ts`).
  *
- * - Lifecycle: actors are created on first use through an `RcMap` keyed by account id and passivated after
+ * - Lifecycle: actors are created on first use through an `RcMap` keyed by a string and passivated after
  *   `idleTimeToLive` without references (a held ticket keeps its actor alive). Passivation answers what is left
  *   in the mailbox (`refuse`) and hands the state over (`handOver`) before the answers resume their callers.
  * - Supervision: a defect while serving a command answers that command with the defect, reports it
@@ -13,8 +14,8 @@
  *   indistinguishable from the actor serving it next, and it saves two fiber hops per command (~4x cheaper).
  *   The mailbox serializes whenever the actor is busy (loading, restarting, closing); `mailboxOnly` disables it.
  *
- * Generic over the state and the commands: what the commands do is the backend's (`AdmissionMemory.ts`, which
- * calls `Transitions.ts`).
+ * Generic over the state and the commands: what the commands do is the owner's (`AdmissionMemory.ts`, which calls
+ * `quota/Transitions.ts`; `byok/Credentials.ts`).
  */
 import { type Clock, type Duration, Effect, Exit, Queue, RcMap, type Scope } from "effect"
 import type { GatewayError } from "../errors/Catalog.js"
@@ -35,12 +36,14 @@ export class Actor<S, C extends Command> {
   queued = 0
   /** The command being served from the mailbox, answered by the supervisor if serving it dies. */
   current: C | undefined = undefined
-  constructor(readonly accountId: string, readonly mailbox: Queue.Queue<C>, initial: S) {
+  constructor(readonly key: string, readonly mailbox: Queue.Queue<C>, initial: S) {
     this.state = initial
   }
 }
 
 export interface ActorsOptions<S, C extends Command> {
+  /** What the actors are, for logs ("quota", "credential"). */
+  readonly name?: string
   readonly clock: Clock.Clock
   readonly idleTimeToLive: Duration.Input
   /** Route every command through the mailbox (no inline fast path). */
@@ -61,10 +64,10 @@ export interface ActorsOptions<S, C extends Command> {
 const noReply: Reply = () => {}
 
 export interface Actors<S, C extends Command> {
-  /** The account's actor, alive while the scope is open. */
-  readonly get: (accountId: string) => Effect.Effect<Actor<S, C>, never, Scope.Scope>
-  /** Runs `f` with the account's actor (its own scope). */
-  readonly with: <A, E>(accountId: string, f: (actor: Actor<S, C>) => Effect.Effect<A, E>) => Effect.Effect<A, E>
+  /** The key's actor, alive while the scope is open. */
+  readonly get: (key: string) => Effect.Effect<Actor<S, C>, never, Scope.Scope>
+  /** Runs `f` with the key's actor (its own scope). */
+  readonly with: <A, E>(key: string, f: (actor: Actor<S, C>) => Effect.Effect<A, E>) => Effect.Effect<A, E>
   /** Asks a command and waits for its answer (inline when the actor is idle). */
   readonly ask: <A>(actor: Actor<S, C>, build: (reply: Reply) => C) => Effect.Effect<A, GatewayError>
   /** True when a command would be served inline now. */
@@ -81,6 +84,7 @@ export interface Actors<S, C extends Command> {
 export const make = <S, C extends Command>(options: ActorsOptions<S, C>) =>
   Effect.gen(function*() {
     const { clock } = options
+    const name = options.name ?? "quota"
     let restarts = 0
 
     /** After a defect: count it, hand the (consistent) state over, and reload it on the next command. */
@@ -90,7 +94,7 @@ export const make = <S, C extends Command>(options: ActorsOptions<S, C>) =>
         options.handOver(actor)
         actor.loaded = false
       }
-      return Effect.logError(`quota actor ${actor.accountId} failed; restarting`, defect)
+      return Effect.logError(`${name} actor ${actor.key} failed; restarting`, defect)
     }
 
     const serve = (actor: Actor<S, C>) =>
@@ -100,7 +104,7 @@ export const make = <S, C extends Command>(options: ActorsOptions<S, C>) =>
           actor.queued--
           actor.current = cmd
           const exit = !actor.loaded && !(yield* options.load(actor))
-            ? options.refuse(actor, cmd, "quota state unavailable", clock.currentTimeMillisUnsafe())
+            ? options.refuse(actor, cmd, `${name} state unavailable`, clock.currentTimeMillisUnsafe())
             : options.handle(actor, cmd, clock.currentTimeMillisUnsafe())
           actor.current = undefined
           cmd.reply(exit)
@@ -137,8 +141,8 @@ export const make = <S, C extends Command>(options: ActorsOptions<S, C>) =>
           actor.current = undefined
           actor.queued = 0
           const answers: Array<readonly [C, Result]> = []
-          if (interrupted !== undefined) answers.push([interrupted, options.refuse(actor, interrupted, "quota actor stopped", now)])
-          for (const cmd of leftovers) answers.push([cmd, options.refuse(actor, cmd, "quota actor stopped", now)])
+          if (interrupted !== undefined) answers.push([interrupted, options.refuse(actor, interrupted, `${name} actor stopped`, now)])
+          for (const cmd of leftovers) answers.push([cmd, options.refuse(actor, cmd, `${name} actor stopped`, now)])
           // hand the state over before answering: a v4 `resume` runs the waiting caller at once, and its next
           // command (on a new actor) must load this state
           if (actor.loaded) options.handOver(actor)
@@ -148,9 +152,9 @@ export const make = <S, C extends Command>(options: ActorsOptions<S, C>) =>
       ))
 
     const actors = yield* RcMap.make({
-      lookup: (accountId: string) =>
+      lookup: (key: string) =>
         Effect.gen(function*() {
-          const actor = new Actor<S, C>(accountId, yield* Queue.unbounded<C>(), options.initial())
+          const actor = new Actor<S, C>(key, yield* Queue.unbounded<C>(), options.initial())
           yield* Effect.addFinalizer(() => passivate(actor))
           yield* Effect.forkScoped(supervise(actor))
           return actor
@@ -171,7 +175,7 @@ export const make = <S, C extends Command>(options: ActorsOptions<S, C>) =>
 
     const send = (actor: Actor<S, C>, cmd: C): void => {
       if (actor.closed) {
-        cmd.reply(options.refuse(actor, cmd, "quota actor stopped", clock.currentTimeMillisUnsafe()))
+        cmd.reply(options.refuse(actor, cmd, `${name} actor stopped`, clock.currentTimeMillisUnsafe()))
       } else {
         actor.queued++
         Queue.offerUnsafe(actor.mailbox, cmd)
@@ -179,8 +183,8 @@ export const make = <S, C extends Command>(options: ActorsOptions<S, C>) =>
     }
 
     const system: Actors<S, C> = {
-      get: (accountId) => RcMap.get(actors, accountId),
-      with: (accountId, f) => Effect.scoped(Effect.flatMap(RcMap.get(actors, accountId), f)),
+      get: (key) => RcMap.get(actors, key),
+      with: (key, f) => Effect.scoped(Effect.flatMap(RcMap.get(actors, key), f)),
       ask: <A>(actor: Actor<S, C>, build: (reply: Reply) => C) =>
         Effect.suspend(() =>
           canInline(actor)
