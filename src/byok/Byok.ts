@@ -1,56 +1,21 @@
 /**
  * The BYOK runtime of one process: the effective switch and sealing key (`resolveByok`), the provider catalog,
- * the address guard (it owns two undici Agents, closed with the layer) and the short per-credential model-list
- * cache of `GET /api/user/me/byok/:id/models`.
+ * and the address guard (it owns two undici Agents, closed with the layer). The per-credential model-list cache
+ * belongs to the credential's actor (`Credentials.ts`).
  *
  * Live settings: the provider catalog (`providers.<id>` enable, base URLs, regions), `max_per_provider`,
  * `fallback_default_on` and `rate_limit_rpm` are re-read from the config file with the model catalog (every
  * `catalog_reload_seconds`); an invalid `byok` section is refused and the previous settings stay. The switch, the
  * sealing key, the guard's allow-lists, timeouts and cache lifetimes are read at boot.
  */
-import { Clock, Context, Duration, Effect, Layer, Schedule } from "effect"
+import { Context, Duration, Effect, Layer, Schedule } from "effect"
 import * as Fs from "node:fs"
 import { readByokSection } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
 import type { AddressGuard } from "./AddressGuard.js"
 import { type ByokConfig, type ByokSwitch, decodeByokConfig, resolveByok } from "./Config.js"
 import { makeByokGuard } from "./Probe.js"
-import { makeProviderCatalog, type ModelListItem, type ProviderCatalog } from "./Providers.js"
-
-/** Most credentials whose listing is cached at once; the oldest entry leaves first. */
-export const MODEL_CACHE_ENTRIES = 10_000
-
-export interface ModelCache {
-  /** The cached listing of a credential, unless expired (the Effect clock). */
-  readonly get: (credentialId: number) => Effect.Effect<ReadonlyArray<ModelListItem> | null>
-  readonly put: (credentialId: number, models: ReadonlyArray<ModelListItem>) => Effect.Effect<void>
-  readonly drop: (credentialId: number) => void
-}
-
-export const makeModelCache = (ttlMs: number, maxEntries = MODEL_CACHE_ENTRIES): ModelCache => {
-  const entries = new Map<number, { readonly models: ReadonlyArray<ModelListItem>; readonly expiresAt: number }>()
-  return {
-    get: (id) =>
-      Effect.map(Clock.currentTimeMillis, (now) => {
-        const entry = entries.get(id)
-        if (entry === undefined) return null
-        if (entry.expiresAt <= now) {
-          entries.delete(id)
-          return null
-        }
-        return entry.models
-      }),
-    put: (id, models) =>
-      Effect.map(Clock.currentTimeMillis, (now) => {
-        entries.delete(id)
-        if (entries.size >= maxEntries) entries.delete(entries.keys().next().value!)
-        entries.set(id, { models, expiresAt: now + ttlMs })
-      }),
-    drop: (id) => {
-      entries.delete(id)
-    }
-  }
-}
+import { makeProviderCatalog, type ProviderCatalog } from "./Providers.js"
 
 export class Byok extends Context.Service<Byok, {
   /** The current settings (live parts reloaded, see the module comment). */
@@ -60,7 +25,6 @@ export class Byok extends Context.Service<Byok, {
   /** The current provider catalog (a new object after each accepted reload). */
   readonly catalog: ProviderCatalog
   readonly guard: AddressGuard
-  readonly models: ModelCache
 }>()("wellspring/byok/Byok") {}
 
 /** Modification time and size of the config file; null when it cannot be read. */
@@ -119,7 +83,6 @@ export const make = Effect.gen(function*() {
     Effect.repeat(Schedule.spaced(Duration.seconds(settings.config.catalog_reload_seconds))),
     Effect.forkScoped
   )
-  const models = makeModelCache(config.model_list_cache_seconds * 1000)
   return Byok.of({
     get config() {
       return live
@@ -128,8 +91,7 @@ export const make = Effect.gen(function*() {
     get catalog() {
       return catalog
     },
-    guard,
-    models
+    guard
   })
 })
 

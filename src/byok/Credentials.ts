@@ -1,31 +1,31 @@
 /**
- * Credentials in use (ARCHITECTURE §4, the credential actor): what a request through `@provider[:label]/model`
- * needs, without a database read on the hot path.
+ * Credentials in use (ARCHITECTURE §4, the credential actor): each credential a request goes through is an actor
+ * (`runtime/Actors.ts`: a supervised fiber serving its mailbox, passivated when idle) that owns
+ * - its status as the router obeys it (`active` / `rejected`, with `last_error_code`),
+ * - the adapter built once from its opened secret and meta (rebuilt when the provider catalog is reloaded),
+ * - its model-list cache (`GET /api/user/me/byok/:id/models`, `model_list_cache_seconds`),
+ * - its last-used stamp, handed to one batch writer (every `TOUCH_FLUSH_MS`, at most once a minute per credential).
+ * Commands are synchronous, so an idle actor serves them inline on the caller's fiber (the actor system's fast
+ * path); the mailbox serializes them while the actor loads its row.
  *
- * - Per account, the non-revoked credential rows are cached (`POSITIVE_TTL_MS`, as keys are). Per credential, its
- *   state is owned here: the status the router obeys, the adapter built once from the opened secret and meta, and
- *   the pending last-used stamp.
- * - Status changes are immediate on this replica and reach every other one through the key invalidation path
- *   (`auth/Invalidation.ts`, message `byok:<account>`): a rejection, a re-verification, a patch or a deletion drops
- *   the account's cached credentials everywhere, and the next request reads them again.
- * - Last-used stamps are written in batches every `TOUCH_FLUSH_MS` by one fiber, at most once a minute per
- *   credential, and once more when the runtime stops.
- * - A rejection (auth or permission failure on dispatch) is written by a fiber of this service, so the answer to
- *   the client never waits on the database; a failed write is logged and the status stays rejected locally.
+ * Which credential a reference names is read from the account's non-revoked rows, cached per account for the key
+ * cache's TTL: the hot path reads the database only on an account's first request per minute.
  *
- * The state changes are single synchronous updates of one entry, so no per-credential fiber or mailbox is needed:
- * the actor is the entry, its lifetime is bounded by the cache (idle entries leave with their account's TTL and
- * under the size bound) and the service scope supervises the two fibers that do I/O.
+ * Status changes reach every replica through the key invalidation path (`auth/Invalidation.ts`, `byok:<account>`):
+ * the account's cached rows are dropped and its live actors reload their row before their next command. A
+ * rejection is obeyed by the rejecting replica at once and written by a fiber of this service, so the answer to
+ * the client never waits on the database.
  */
-import { Clock, Context, Duration, Effect, Layer, Schedule, type Scope } from "effect"
+import { Clock, Context, Duration, Effect, Exit, Layer, Schedule, type Scope } from "effect"
 import { Auth } from "../auth/Auth.js"
 import { POSITIVE_TTL_MS } from "../auth/Invalidation.js"
 import { AccountMessages, fail, type GatewayError } from "../errors/Catalog.js"
+import * as Actors from "../runtime/Actors.js"
 import type { UpstreamAdapter } from "../upstream/Upstream.js"
 import { Byok } from "./Byok.js"
 import { type CredentialRow, CredentialsRepo } from "./CredentialsRepo.js"
 import { credentialAdapter, CredentialTransports, isRefusal } from "./Dispatch.js"
-import type { ProviderCatalog, ProviderDef } from "./Providers.js"
+import type { ModelListItem, ProviderCatalog, ProviderDef } from "./Providers.js"
 import type { ByokReference } from "./Reference.js"
 import { openMeta, openSecret } from "./Secrets.js"
 
@@ -35,6 +35,8 @@ export const MAX_CACHED_ACCOUNTS = 10_000
 export const TOUCH_FLUSH_MS = 2_000
 /** A credential's `last_used_at` is stamped at most this often. */
 export const TOUCH_EVERY_MS = 60_000
+/** A credential actor without commands for this long is passivated. */
+export const CREDENTIAL_IDLE_TTL = "10 minutes"
 
 /** The credential a reference resolved to. */
 export interface ResolvedCredential {
@@ -49,14 +51,31 @@ export interface ResolvedCredential {
   readonly adapter: UpstreamAdapter
 }
 
+/** An account's non-revoked rows, as the router reads them to find a credential. */
 interface Entry {
   readonly rows: ReadonlyArray<CredentialRow>
   readonly expiresAt: number
-  /** The provider catalog the adapters were built from: a reloaded catalog (new base URLs) rebuilds them. */
-  readonly catalog: ProviderCatalog
-  /** Adapters by credential id, built on first use. */
-  readonly adapters: Map<number, UpstreamAdapter>
 }
+
+/** What a credential actor owns. */
+interface CredentialState {
+  /** Its row; null when it is not (or no longer) a non-revoked credential of the account. */
+  row: CredentialRow | null
+  /** Built on first use from the opened secret; `catalog` is the provider catalog it was built from. */
+  adapter: UpstreamAdapter | null
+  catalog: ProviderCatalog | null
+  models: { readonly list: ReadonlyArray<ModelListItem>; readonly expiresAt: number } | null
+}
+
+type Command =
+  | { readonly _tag: "Use"; readonly reply: Actors.Reply }
+  | { readonly _tag: "Reject"; readonly code: string; readonly reply: Actors.Reply }
+  | { readonly _tag: "CachedModels"; readonly reply: Actors.Reply }
+  | { readonly _tag: "Verified"; readonly models: ReadonlyArray<ModelListItem>; readonly reply: Actors.Reply }
+
+type CredentialActor = Actors.Actor<CredentialState, Command>
+
+const keyOf = (accountId: string, id: number) => `${accountId}/${id}`
 
 export class Credentials extends Context.Service<Credentials, {
   /**
@@ -66,8 +85,15 @@ export class Credentials extends Context.Service<Credentials, {
   readonly resolve: (accountId: string, reference: ByokReference) => Effect.Effect<ResolvedCredential, GatewayError>
   /** A dispatch failure that condemns the credential: `rejected` with `code`, here at once, everywhere soon. */
   readonly reject: (credential: ResolvedCredential, code: string) => Effect.Effect<void>
-  /** The account's credentials changed (saved, patched, verified, deleted): every replica reads them again. */
+  /** The account's credentials changed (saved, patched, deleted): every replica reads them again. */
   readonly changed: (accountId: string) => Effect.Effect<void>
+  /** The credential's cached model list (active credentials only: a rejected one must ask the provider). */
+  readonly cachedModels: (accountId: string, id: number) => Effect.Effect<ReadonlyArray<ModelListItem> | null>
+  /**
+   * A successful listing (the caller has written the row): the actor caches the list and, when it was `rejected`,
+   * turns `active` at once. Telling the other replicas is `changed`.
+   */
+  readonly verified: (accountId: string, id: number, models: ReadonlyArray<ModelListItem>) => Effect.Effect<void>
   /** Writes pending last-used stamps now (shutdown, tests). */
   readonly flushTouches: Effect.Effect<void>
 }>()("wellspring/byok/Credentials") {}
@@ -106,18 +132,24 @@ export const make: Effect.Effect<Context.Service.Shape<typeof Credentials>, neve
     const repo = yield* CredentialsRepo
     const auth = yield* Auth
     const scope = yield* Effect.scope
+    const clock = yield* Clock.Clock
     const transports = new CredentialTransports(byok.guard, byok.config)
     yield* Effect.addFinalizer(() => transports.close())
 
     const cache = new Map<string, Entry>()
-    /** Bumped by every change of an account's credentials: a read that started before it is not cached. */
+    /** Bumped by every change of an account's credentials: a read that started before it is not trusted. */
     const generations = new Map<string, number>()
     const generationOf = (accountId: string) => generations.get(accountId) ?? 0
+    /** Live actors per account, so that an announcement reaches them. */
+    const live = new Map<string, Set<CredentialActor>>()
+    const accountOf = (actor: CredentialActor) => actor.key.slice(0, actor.key.lastIndexOf("/"))
 
     const drop = (accountId: string) => {
       cache.delete(accountId)
       generations.set(accountId, generationOf(accountId) + 1)
       if (generations.size > MAX_CACHED_ACCOUNTS * 2) generations.clear()
+      // Each live actor of the account reads its row again before its next command.
+      for (const actor of live.get(accountId) ?? []) actor.loaded = false
     }
     auth.subscribe((invalidation) => {
       switch (invalidation._tag) {
@@ -128,6 +160,7 @@ export const make: Effect.Effect<Context.Service.Shape<typeof Credentials>, neve
         case "Unknown":
           cache.clear()
           generations.clear()
+          for (const actors of live.values()) for (const actor of actors) actor.loaded = false
           break
       }
     })
@@ -140,10 +173,10 @@ export const make: Effect.Effect<Context.Service.Shape<typeof Credentials>, neve
 
     const rowsOf = (accountId: string, now: number): Effect.Effect<Entry> => {
       const hit = cache.get(accountId)
-      if (hit !== undefined && hit.expiresAt > now && hit.catalog === byok.catalog) return Effect.succeed(hit)
+      if (hit !== undefined && hit.expiresAt > now) return Effect.succeed(hit)
       const seen = generationOf(accountId)
       return Effect.map(repo.list(accountId), (rows) => {
-        const entry: Entry = { rows, expiresAt: now + POSITIVE_TTL_MS, catalog: byok.catalog, adapters: new Map() }
+        const entry: Entry = { rows, expiresAt: now + POSITIVE_TTL_MS }
         if (seen === generationOf(accountId)) remember(accountId, entry)
         return entry
       })
@@ -172,6 +205,110 @@ export const make: Effect.Effect<Context.Service.Shape<typeof Credentials>, neve
 
     const missing = (detail: string) => fail("byok_credential_missing", { message: AccountMessages.byokNoCredential, detail })
 
+    /** The actor's view of its credential; the adapter is (re)built here, from the current provider catalog. */
+    const use = (state: CredentialState, accountId: string, now: number): Exit.Exit<ResolvedCredential, GatewayError> => {
+      const row = state.row
+      if (row === null) return Exit.fail(missing("no such credential"))
+      const catalog = byok.catalog
+      const provider = catalog.byId.get(row.provider)
+      if (provider === undefined) return Exit.fail(missing("provider not enabled"))
+      if (state.adapter === null || state.catalog !== catalog) {
+        const scheme = provider.schemes.find((s) => s.id === row.auth_scheme)
+        if (!byok.switch.enabled || scheme === undefined) return Exit.fail(missing("scheme not offered"))
+        const key = byok.switch.key
+        const secret = openSecret(key, row.id, row.secret_ciphertext)
+        const meta = openMeta(key, row.id, row.meta_ciphertext)
+        if (secret === null || meta === null) return Exit.fail(missing("credential cannot be opened"))
+        const built = credentialAdapter(transports, byok.guard, { provider, scheme, secret, meta })
+        if (isRefusal(built)) return Exit.fail(missing(`base URL refused: ${built.kind}`))
+        state.adapter = built
+        state.catalog = catalog
+      }
+      touch(row, now)
+      return Exit.succeed({
+        id: row.id,
+        accountId,
+        provider,
+        label: row.label,
+        status: row.status === "active" ? "active" : "rejected",
+        lastErrorCode: row.last_error_code,
+        fallbackModelId: row.fallback_model_id,
+        adapter: state.adapter
+      })
+    }
+
+    const actors = yield* Actors.make<CredentialState, Command>({
+      name: "credential",
+      clock,
+      idleTimeToLive: CREDENTIAL_IDLE_TTL,
+      mailboxOnly: false,
+      initial: () => ({ row: null, adapter: null, catalog: null, models: null }),
+      load: (actor) =>
+        Effect.suspend(() => {
+          const accountId = accountOf(actor)
+          const id = Number(actor.key.slice(accountId.length + 1))
+          const generation = generationOf(accountId)
+          let set = live.get(accountId)
+          if (set === undefined) live.set(accountId, set = new Set())
+          set.add(actor)
+          return repo.findOwn(accountId, id).pipe(
+            Effect.map((row) => {
+              const state = actor.state
+              // Secret and meta never change: the adapter survives a reload unless the row went away.
+              if (row === null) {
+                state.adapter = null
+                state.models = null
+              }
+              if (row !== null && row.status !== "active") state.models = null
+              state.row = row
+              // A change announced while reading: read again before the next command.
+              actor.loaded = generation === generationOf(accountId)
+              return true
+            })
+          )
+        }),
+      handle: (actor, cmd, now) => {
+        const state = actor.state
+        switch (cmd._tag) {
+          case "Use":
+            return use(state, accountOf(actor), now)
+          case "Reject": {
+            const row = state.row
+            if (row === null || row.status !== "active") return Exit.succeed(false)
+            state.row = { ...row, status: "rejected", last_error_code: cmd.code }
+            state.models = null
+            return Exit.succeed(true)
+          }
+          case "CachedModels": {
+            const models = state.models
+            const active = state.row?.status === "active"
+            return Exit.succeed(active && models !== null && models.expiresAt > now ? models.list : null)
+          }
+          case "Verified": {
+            const row = state.row
+            const changed = row !== null && row.status !== "active"
+            if (row !== null) {
+              state.row = { ...row, status: "active", last_error_code: null, last_verified_at: new Date(now) }
+              state.models = { list: cmd.models, expiresAt: now + byok.config.model_list_cache_seconds * 1000 }
+            }
+            return Exit.succeed(changed)
+          }
+        }
+      },
+      refuse: (_actor, cmd, why) =>
+        cmd._tag === "Use" ? Exit.fail(missing(why)) : Exit.succeed(cmd._tag === "CachedModels" ? null : false),
+      handOver: () => {},
+      stopped: (actor) => {
+        const accountId = accountOf(actor)
+        const set = live.get(accountId)
+        set?.delete(actor)
+        if (set !== undefined && set.size === 0) live.delete(accountId)
+      }
+    })
+
+    const ask = <A>(accountId: string, id: number, build: (reply: Actors.Reply) => Command) =>
+      actors.with(keyOf(accountId, id), (actor) => actors.ask<A>(actor, build))
+
     const resolve = (accountId: string, reference: ByokReference): Effect.Effect<ResolvedCredential, GatewayError> =>
       Effect.gen(function*() {
         if (!byok.switch.enabled) {
@@ -183,53 +320,32 @@ export const make: Effect.Effect<Context.Service.Shape<typeof Credentials>, neve
         const entry = yield* rowsOf(accountId, now)
         const row = pick(entry.rows, provider, reference.label)
         if (row === null) return yield* Effect.fail(missing("no such credential"))
-        let adapter = entry.adapters.get(row.id)
-        if (adapter === undefined) {
-          const scheme = provider.schemes.find((s) => s.id === row.auth_scheme)!
-          const key = byok.switch.key
-          const secret = openSecret(key, row.id, row.secret_ciphertext)
-          const meta = openMeta(key, row.id, row.meta_ciphertext)
-          if (secret === null || meta === null) return yield* Effect.fail(missing("credential cannot be opened"))
-          const built = credentialAdapter(transports, byok.guard, { provider, scheme, secret, meta })
-          if (isRefusal(built)) return yield* Effect.fail(missing(`base URL refused: ${built.kind}`))
-          adapter = built
-          entry.adapters.set(row.id, adapter)
-        }
-        touch(row, now)
-        return {
-          id: row.id,
-          accountId,
-          provider,
-          label: row.label,
-          status: row.status === "active" ? "active" : "rejected",
-          lastErrorCode: row.last_error_code,
-          fallbackModelId: row.fallback_model_id,
-          adapter
-        } satisfies ResolvedCredential
+        return yield* ask<ResolvedCredential>(accountId, row.id, (reply) => ({ _tag: "Use", reply }))
       })
 
     const reject = (credential: ResolvedCredential, code: string): Effect.Effect<void> =>
-      Effect.suspend(() => {
-        // This replica obeys at once: the cached row becomes rejected until the account is read again.
-        const entry = cache.get(credential.accountId)
-        if (entry !== undefined) {
-          const rows = entry.rows.map((r) =>
-            r.id === credential.id && r.status === "active" ? { ...r, status: "rejected" as const, last_error_code: code } : r
-          )
-          cache.set(credential.accountId, { ...entry, rows })
-        }
+      Effect.gen(function*() {
+        // The actor obeys at once, on this replica; the row and the other replicas follow.
+        const changed = yield* Effect.orDie(
+          ask<boolean>(credential.accountId, credential.id, (reply) => ({ _tag: "Reject", code, reply }))
+        )
+        if (!changed) return
         const write = repo.markRejected(credential.id, code).pipe(
-          Effect.flatMap((changed) => changed ? auth.invalidateCredentials(credential.accountId) : Effect.void),
+          Effect.flatMap((written) => written ? auth.invalidateCredentials(credential.accountId) : Effect.void),
           Effect.catchCause((cause) => Effect.logWarning("BYOK rejection not written", cause)),
           Effect.annotateLogs({ credential_id: credential.id, code })
         )
-        return Effect.asVoid(Effect.forkIn(write, scope))
+        yield* Effect.forkIn(write, scope)
       })
 
     return Credentials.of({
       resolve,
       reject,
       changed: (accountId) => auth.invalidateCredentials(accountId),
+      cachedModels: (accountId, id) =>
+        Effect.orDie(ask<ReadonlyArray<ModelListItem> | null>(accountId, id, (reply) => ({ _tag: "CachedModels", reply }))),
+      verified: (accountId, id, models) =>
+        Effect.asVoid(Effect.orDie(ask<boolean>(accountId, id, (reply) => ({ _tag: "Verified", models, reply })))),
       flushTouches: Effect.ignore(flushTouches)
     })
   })

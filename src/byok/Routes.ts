@@ -292,12 +292,11 @@ const patch = Effect.gen(function*() {
 })
 
 const remove = Effect.gen(function*() {
-  const { caller, byok } = yield* gated
+  const { caller } = yield* gated
   const id = yield* credentialId
   const repo = yield* CredentialsRepo
   const row = yield* repo.revoke(caller.account.id, id)
   if (row === null) return yield* Effect.fail(notFound())
-  byok.models.drop(id)
   yield* announceChange(caller.account.id)
   yield* Effect.flatMap(AccountsRepo, (accounts) =>
     accounts.audit(caller.account.id, "byok.delete", String(id), {
@@ -317,8 +316,9 @@ const models = Effect.gen(function*() {
   // Ownership first, on every request: a cache hit never skips it.
   const row = yield* repo.findOwn(caller.account.id, id)
   if (row === null) return yield* Effect.fail(notFound())
+  const credentials = yield* Credentials
   // A rejected credential is re-verified by the provider listing its models: a cached list proves nothing.
-  const cached = row.status === "active" ? yield* byok.models.get(id) : null
+  const cached = row.status === "active" ? yield* credentials.cachedModels(caller.account.id, id) : null
   if (cached !== null) return json({ success: true, data: { models: cached, cached: true } })
   const provider = byok.catalog.byId.get(row.provider)
   const scheme = provider?.schemes.find((s) => s.id === row.auth_scheme)
@@ -338,9 +338,9 @@ const models = Effect.gen(function*() {
     return yield* Effect.fail(probeRefused(result))
   }
   const verified = yield* repo.markVerified(caller.account.id, id)
+  if (verified !== null) yield* credentials.verified(caller.account.id, id, result.models)
   // A rejected credential turns active again: every replica's router must see it.
   if (verified !== null && row.status !== "active") yield* announceChange(caller.account.id)
-  yield* byok.models.put(id, result.models)
   return json({ success: true, data: { models: result.models, cached: false } })
 })
 
