@@ -1,54 +1,37 @@
 import { NodeHttpServerRequest } from "@effect/platform-node"
-import { Cause, Clock, Context, Duration, Effect, Exit, Scope } from "effect"
+import { Cause, Clock, type Context, Duration, Effect, Exit, Scope } from "effect"
 import { HttpServerRequest, HttpServerResponse } from "effect/http"
 import type * as Http from "node:http"
 import { runForkTracked } from "../http/CallbackFibers.js"
+import { awaitAtMost, startTimer, stopTimer, type Timer } from "../runtime/Timers.js"
 import { currentRequestId, REQUEST_ID_HEADER } from "../http/Respond.js"
 import { type UpstreamCall, UpstreamError, type UpstreamEvent, type UpstreamSink } from "../upstream/Upstream.js"
 
 export const PING_INTERVAL = Duration.seconds(8)
 export const PING_FRAME = ": ping\n\n"
 
-/** The default (live) clock: `===` the clock of any fiber not given another one (a TestClock is not it). */
-const liveClock = Context.get(Context.empty(), Clock.Clock)
-
 /**
- * Calls `ping` whenever `touch` has not been called for `idle`, on the Effect clock (TestClock drives it).
- * On the live clock it is one plain re-armed timer; on any other clock a fiber in `scope`. Either way it stops
- * when `scope` closes, and costs nothing per chunk but a clock read.
+ * Calls `ping` whenever `touch` has not been called for `idle`, on the Effect clock (TestClock drives it): one
+ * re-armed `startTimer` (`runtime/Timers.ts`), stopped when `scope` closes. Costs nothing per chunk but a clock read.
  */
 export const idlePinger = (idle: Duration.Input, ping: () => void, scope: Scope.Scope) =>
   Effect.gen(function*() {
     const clock = yield* Clock.Clock
     const idleMs = Duration.toMillis(idle)
     let last = clock.currentTimeMillisUnsafe()
-    const touch = () => void (last = clock.currentTimeMillisUnsafe())
-    if (clock === liveClock) {
-      let timer: ReturnType<typeof setTimeout> | undefined
-      const arm = (wait: number) => {
-        timer = setTimeout(() => {
-          const left = last + idleMs - Date.now()
-          if (left > 0) return arm(left)
-          ping()
-          last = Date.now()
-          arm(idleMs)
-        }, wait)
-        timer.unref()
-      }
-      arm(idleMs)
-      yield* Scope.addFinalizer(scope, Effect.sync(() => clearTimeout(timer)))
-      return { touch }
-    }
-    const tick = Effect.suspend(() => {
-      const wait = last + idleMs - clock.currentTimeMillisUnsafe()
-      if (wait > 0) return Effect.sleep(Duration.millis(wait))
-      return Effect.sync(() => {
+    let timer: Timer | undefined
+    const arm = (wait: number): void => {
+      timer = startTimer(clock, wait, () => {
+        const left = last + idleMs - clock.currentTimeMillisUnsafe()
+        if (left > 0) return arm(left)
         ping()
         last = clock.currentTimeMillisUnsafe()
-      })
-    })
-    yield* Effect.forkIn(Effect.forever(tick), scope)
-    return { touch }
+        arm(idleMs)
+      }, true)
+    }
+    arm(idleMs)
+    yield* Scope.addFinalizer(scope, Effect.sync(() => stopTimer(timer)))
+    return { touch: () => void (last = clock.currentTimeMillisUnsafe()) }
   })
 
 export interface SseHandlers {
@@ -332,36 +315,3 @@ export const sseResponse = (body: SseBody, headers: Readonly<Record<string, stri
 
 const STREAMED = HttpServerResponse.empty({ status: 200 })
 
-/**
- * Waits for `register`'s callback at most `wait` on the Effect clock: the value, or null when the time ran out.
- * On the live clock a plain timer; on any other clock (TestClock) `Effect.timeout`.
- */
-const awaitAtMost = <A>(
-  wait: Duration.Input,
-  register: (resume: (value: A) => void) => void,
-  unregister: () => void
-): Effect.Effect<A | null> =>
-  Effect.clockWith((clock) => {
-    if (clock === liveClock) {
-      return Effect.callback<A | null>((resume) => {
-        const timer = setTimeout(() => {
-          unregister()
-          resume(Effect.succeed(null))
-        }, Duration.toMillis(wait))
-        timer.unref()
-        register((value) => {
-          clearTimeout(timer)
-          resume(Effect.succeed(value))
-        })
-        return Effect.sync(() => {
-          clearTimeout(timer)
-          unregister()
-        })
-      })
-    }
-    const waitFor = Effect.callback<A | null>((resume) => {
-      register((value) => resume(Effect.succeed(value)))
-      return Effect.sync(unregister)
-    })
-    return Effect.timeoutOrElse(waitFor, { duration: wait, orElse: () => Effect.succeed(null) })
-  })

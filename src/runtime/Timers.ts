@@ -6,7 +6,7 @@
  * without a fiber). On any other clock (a `TestClock`) it is a fiber sleeping on that clock, so tests
  * drive it with `TestClock.adjust`. Either way the callback runs outside any fiber and must not throw.
  */
-import { Clock, Context, Effect, Fiber } from "effect"
+import { Clock, Context, Duration, Effect, Fiber } from "effect"
 
 /** The default clock: `===` the `Clock` of every fiber not given another one (a `TestClock` is not it). */
 export const liveClock: Clock.Clock = Context.get(Context.empty(), Clock.Clock)
@@ -33,3 +33,29 @@ export const stopTimer = (timer: Timer | undefined): void => {
   if (Fiber.isFiber(timer)) timer.interruptUnsafe()
   else clearTimeout(timer)
 }
+
+/**
+ * Waits for `register`'s callback at most `wait` on the Effect clock: the value, or null when the time ran out (a
+ * `startTimer`, so a TestClock drives it). Interruption and the timeout both call `unregister`.
+ */
+export const awaitAtMost = <A>(
+  wait: Duration.Input,
+  register: (resume: (value: A) => void) => void,
+  unregister: () => void
+): Effect.Effect<A | null> =>
+  Effect.clockWith((clock) =>
+    Effect.callback<A | null>((resume) => {
+      const timer = startTimer(clock, Duration.toMillis(wait), () => {
+        unregister()
+        resume(Effect.succeed(null))
+      }, true)
+      register((value) => {
+        stopTimer(timer)
+        resume(Effect.succeed(value))
+      })
+      return Effect.sync(() => {
+        stopTimer(timer)
+        unregister()
+      })
+    })
+  )
