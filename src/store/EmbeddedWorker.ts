@@ -7,6 +7,8 @@ import { Worker } from "node:worker_threads"
  */
 export interface EmbeddedServer {
   readonly stop: () => Promise<void>
+  /** Ends the worker at once, as a crash would (no clean shutdown of the database). */
+  readonly terminate: () => Promise<void>
 }
 
 export interface EmbeddedServerOptions {
@@ -16,6 +18,11 @@ export interface EmbeddedServerOptions {
   readonly socketPath: string
   readonly postgresqlConf: ReadonlyArray<string>
   readonly maxConnections: number
+  /**
+   * Called once if the worker dies after it started (an uncaught error, an exit nobody asked for): every query
+   * fails from then on, so the owner must say so.
+   */
+  readonly onLost?: (reason: string) => void
 }
 
 type FromWorker =
@@ -84,15 +91,24 @@ export const startEmbeddedServer = (options: EmbeddedServerOptions): Promise<Emb
     })
     let stopped: (() => void) | null = null
     let ready = false
+    let lost = false
+    let exited = false
+    const loseOnce = (reason: string) => {
+      if (!ready || stopped !== null || lost) return
+      lost = true
+      options.onLost?.(reason)
+    }
     worker.on("message", (message: FromWorker) => {
       if (message.type === "ready") {
         ready = true
         resolve({
+          // A worker that already died has nothing to stop (and would never answer).
           stop: () =>
-            new Promise<void>((done) => {
+            exited ? Promise.resolve() : new Promise<void>((done) => {
               stopped = done
               worker.postMessage("stop")
-            }).then(() => worker.terminate()).then(() => undefined)
+            }).then(() => worker.terminate()).then(() => undefined),
+          terminate: () => worker.terminate().then(() => undefined)
         })
       } else if (message.type === "stopped") {
         stopped?.()
@@ -102,9 +118,12 @@ export const startEmbeddedServer = (options: EmbeddedServerOptions): Promise<Emb
     })
     worker.on("error", (error) => {
       if (!ready) reject(new EmbeddedServerError("open", error.message))
+      loseOnce(`worker error: ${error.message}`)
     })
     worker.on("exit", (code) => {
+      exited = true
       if (!ready) reject(new EmbeddedServerError("exit", `embedded database worker exited with code ${code}`))
+      loseOnce(`worker exited with code ${code}`)
       stopped?.()
     })
   })

@@ -160,6 +160,7 @@ export const layerEmbedded = (dataDir: string) =>
         ).pipe(Effect.ignore)
     )
     const socketPath = Path.join(folder.dir, SOCKET_NAME)
+    const runFork = Effect.runForkWith(yield* Effect.context<never>())
     // PGlite and its socket server run in a worker thread: queries and file I/O stay off the request loop.
     yield* Effect.acquireRelease(
       Effect.tryPromise({
@@ -169,7 +170,13 @@ export const layerEmbedded = (dataDir: string) =>
             socketPath,
             // Small buffers: the gateway's tables are small and hot rows live in its own caches (~140 MB less RSS).
             postgresqlConf: EMBEDDED_POSTGRES_CONF,
-            maxConnections: 8
+            maxConnections: 8,
+            onLost: (reason) =>
+              void runFork(
+                Effect.logError("embedded database stopped; every query fails until the gateway restarts").pipe(
+                  Effect.annotateLogs({ reason, dir })
+                )
+              )
           }),
         catch: (cause) =>
           new StoreError({
