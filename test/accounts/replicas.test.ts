@@ -10,18 +10,11 @@ import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { startGateway, type TestGateway } from "../support/Gateway.js"
 import { REDIS_URL, serviceGate } from "../support/Services.js"
 import { call, newKey, newUser } from "./support.js"
+import { eventually } from "../support/Eventually.js"
 
 const postgresAvailable = await serviceGate("postgres")
 const redisAvailable = postgresAvailable && (await serviceGate("redis"))
 
-/** Polls until the predicate holds (NOTIFY delivery is asynchronous), at most ~3 s. */
-const eventually = async (check: () => Promise<boolean>) => {
-  for (let i = 0; i < 60; i++) {
-    if (await check()) return true
-    await new Promise((resolve) => setTimeout(resolve, 50))
-  }
-  return false
-}
 
 describe.skipIf(!postgresAvailable)("account API across replicas (PostgreSQL)", () => {
   let db: FreshDatabase

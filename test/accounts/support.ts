@@ -2,7 +2,6 @@ import { Effect } from "effect"
 import { SqlClient } from "effect/sql"
 import * as Crypto from "node:crypto"
 import { AccountsRepo, type AccountRow, type NewAccount } from "../../src/accounts/AccountsRepo.js"
-import { RequestLog } from "../../src/telemetry/RequestLog.js"
 import type { TestGateway } from "../support/Gateway.js"
 
 export const unique = (label: string) => `${label}_${Crypto.randomBytes(4).toString("hex")}`
@@ -32,10 +31,7 @@ export const newUser = async (gw: TestGateway, input: Partial<NewAccount> = {}) 
   return { account, key, keyId: id, session }
 }
 
-export const query = <A extends object = Record<string, any>>(gw: TestGateway, text: string, params: Array<unknown> = []) =>
-  gw.run(Effect.flatMap(SqlClient.SqlClient, (sql) => Effect.orDie(sql.unsafe<A>(text, params))))
-
-export const flushRequestLog = (gw: TestGateway) => gw.run(Effect.flatMap(RequestLog, (log) => log.flush))
+export { flushRequestLog, query } from "../support/Rows.js"
 
 export interface FixtureRow {
   id: number

@@ -4,13 +4,12 @@
  * scripted mock upstream, and reads of the engine's internal standing through `gw.run`.
  */
 import { Effect } from "effect"
-import { SqlClient } from "effect/sql"
 import { expect } from "vitest"
 import { Settings } from "../../src/config/Live.js"
 import { Admission, type Standing } from "../../src/quota/Admission.js"
-import { RequestLog } from "../../src/telemetry/RequestLog.js"
 import { newAccount, newKey } from "../accounts/support.js"
 import { freshDatabase, type FreshDatabase } from "../support/Db.js"
+import { afterFlush } from "../support/Rows.js"
 import { authed, type ConfigDoc, startGateway, type TestGateway } from "../support/Gateway.js"
 import { deleteByPrefix, uniquePrefix } from "../support/Redis.js"
 import { REDIS_URL, serviceGate } from "../support/Services.js"
@@ -172,13 +171,13 @@ export interface Row {
 
 /** Flushes the batch writer, then reads the account's request rows, oldest first. */
 export const rowsOf = (gw: TestGateway, who: TestAccount): Promise<Array<Row>> =>
-  gw.run(Effect.gen(function*() {
-    yield* Effect.flatMap(RequestLog, (log) => log.flush)
-    const sql = yield* SqlClient.SqlClient
-    return (yield* sql<Row>`
-      SELECT id, model_id, status, error_code, input_tokens, output_tokens, weighted_cost::float8 AS weighted_cost
-      FROM request_log WHERE account_id = ${who.id} ORDER BY id`) as Array<Row>
-  }).pipe(Effect.orDie))
+  afterFlush(gw, (sql) =>
+    Effect.map(
+      sql<Row>`
+        SELECT id, model_id, status, error_code, input_tokens, output_tokens, weighted_cost::float8 AS weighted_cost
+        FROM request_log WHERE account_id = ${who.id} ORDER BY id`,
+      (rows) => [...rows]
+    ))
 
 /** Estimated input tokens of a request of one user message (what admission reserves): bytes / 4 rounded up. */
 export const estimateOf = (text: string): number => Math.ceil((4 + Buffer.byteLength(text, "utf8")) / 4)

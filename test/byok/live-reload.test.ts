@@ -8,17 +8,10 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { call, newUser } from "../accounts/support.js"
 import { startGateway, type TestGateway } from "../support/Gateway.js"
 import { type FakeOpenAi, GOOD, startFakeOpenAi } from "./FakeOpenAi.js"
+import { eventually } from "../support/Eventually.js"
 
 const BASE = "/api/user/me/byok"
 
-/** Polls until `check` holds (the reload runs every 0.2 s here), at most ~10 s. */
-const eventually = async (check: () => Promise<boolean>) => {
-  for (let i = 0; i < 200; i++) {
-    if (await check()) return
-    await new Promise((resolve) => setTimeout(resolve, 50))
-  }
-  throw new Error("condition not met in time")
-}
 
 describe("BYOK provider catalog reload", () => {
   let gw: TestGateway

@@ -15,6 +15,7 @@ import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { serviceGate } from "../support/Services.js"
 import { type FakeOpenAi, GOOD, startFakeOpenAi } from "./FakeOpenAi.js"
 import { type CapturingGateway, startCapturingGateway } from "./support.js"
+import { eventually } from "../support/Eventually.js"
 
 const postgresAvailable = await serviceGate("postgres")
 const BASE = "/api/user/me/byok"
@@ -22,16 +23,8 @@ const REFERENCE = { provider: "openai", label: null, model: "gpt-fake" } as cons
 
 const good = (tag: string) => `${GOOD}${tag}-${Crypto.randomBytes(8).toString("hex")}`
 
-/** Polls until `check` holds, at most 5 s (NOTIFY delivery is asynchronous). */
-const within5s = async <A>(check: () => Promise<A | undefined | false>, what: string): Promise<A> => {
-  const deadline = Date.now() + 5_000
-  for (;;) {
-    const value = await check()
-    if (value) return value
-    if (Date.now() > deadline) throw new Error(`${what}: not within 5 s`)
-    await new Promise((resolve) => setTimeout(resolve, 25))
-  }
-}
+/** Polls until `check` holds, at most 5 s (NOTIFY delivery is asynchronous; the row cache lives 60 s). */
+const within5s = <A>(check: () => Promise<A>, what: string) => eventually(check, { timeoutMs: 5_000, what })
 
 type Seen = { readonly status: string; readonly fallback: string | null } | { readonly code: string }
 

@@ -19,6 +19,7 @@ import { errorBody, FakeBehaviour, type FakeAnthropic, FakeMessages, startFakeAn
 import { serviceGate } from "../support/Services.js"
 import { type FakeOpenAi, GOOD, startFakeOpenAi } from "./FakeOpenAi.js"
 import { type CapturingGateway, startCapturingGateway } from "./support.js"
+import { eventually } from "../support/Eventually.js"
 
 const postgresAvailable = await serviceGate("postgres")
 const BASE = "/api/user/me/byok"
@@ -31,15 +32,6 @@ const backends = [
 const hex = () => Crypto.randomBytes(8).toString("hex")
 const good = (tag: string) => `${GOOD}${tag}-${hex()}`
 
-/** Polls until `check` holds (write-behind rows, batched stamps, background writes), at most ~10 s. */
-const eventually = async <A>(check: () => Promise<A | undefined | false>, what = "condition"): Promise<A> => {
-  for (let i = 0; i < 200; i++) {
-    const value = await check()
-    if (value) return value
-    await new Promise((resolve) => setTimeout(resolve, 50))
-  }
-  throw new Error(`${what} not met in time`)
-}
 
 const weatherTool: ChatCompletionTool = {
   type: "function",
@@ -184,7 +176,7 @@ describe.each(backends)("BYOK end to end on $name", ({ postgres }) => {
   const storedCredential = async (id: number) =>
     (await query(h.gw, "SELECT status, last_used_at FROM byok_credentials WHERE id = $1", [id]))[0]!
   const waitRejected = async (key: string, id: number) => {
-    await eventually(async () => (await storedCredential(id)).status === "rejected", "credential rejected")
+    await eventually(async () => (await storedCredential(id)).status === "rejected", { what: "credential rejected" })
     const c = await credentialOf(key, id)
     expect(c.status).toBe("rejected")
     return c
@@ -600,7 +592,7 @@ describe.each(backends)("BYOK end to end on $name", ({ postgres }) => {
     const started = Date.now()
     const ok = await chatVia(u.key, { model: "@openai/gpt-fake" })
     expect(ok.status, ok.text).toBe(200)
-    await eventually(async () => (await storedCredential(c.id)).last_used_at !== null, "last_used_at stamped")
+    await eventually(async () => (await storedCredential(c.id)).last_used_at !== null, { what: "last_used_at stamped" })
     const stamped = await credentialOf(u.key, c.id)
     expect(stamped.last_used_at).not.toBeNull()
     const at = Date.parse(stamped.last_used_at)

@@ -26,6 +26,10 @@ import {
   startRedirectTarget
 } from "./HostileUpstream.js"
 import { type CapturingGateway, startCapturingGateway } from "./support.js"
+import { eventually as poll } from "../support/Eventually.js"
+
+/** Polls until `check` holds, at most 15 s. */
+const eventually = <A>(check: () => A | Promise<A>) => poll(check, { timeoutMs: 15_000, everyMs: 50 })
 
 const postgresAvailable = await serviceGate("postgres")
 const BASE = "/api/user/me/byok"
@@ -37,15 +41,6 @@ const MB = 1024 * 1024
 
 const good = (tag: string) => `${GOOD}${tag}-${Crypto.randomBytes(6).toString("hex")}`
 
-/** Polls until `check` holds, at most ~15 s. */
-const eventually = async <A>(check: () => Promise<A | undefined | false> | A | undefined | false): Promise<A> => {
-  for (let i = 0; i < 300; i++) {
-    const value = await check()
-    if (value) return value
-    await new Promise((resolve) => setTimeout(resolve, 50))
-  }
-  throw new Error("condition not met in time")
-}
 
 const messages = [{ role: "user", content: "안녕" }]
 const chatBody = (model: string, extra: Record<string, unknown> = {}) => ({ model, messages, ...extra })

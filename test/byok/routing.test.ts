@@ -13,6 +13,7 @@ import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { serviceGate } from "../support/Services.js"
 import { type FakeOpenAi, GOOD, startFakeOpenAi } from "./FakeOpenAi.js"
 import { type CapturingGateway, startCapturingGateway } from "./support.js"
+import { eventually } from "../support/Eventually.js"
 
 const postgresAvailable = await serviceGate("postgres")
 const BASE = "/api/user/me/byok"
@@ -24,15 +25,6 @@ const backends = [
 
 const good = (tag: string) => `${GOOD}${tag}-${Crypto.randomBytes(6).toString("hex")}`
 
-/** Polls until `check` holds (write-behind rows, batched stamps), at most ~10 s. */
-const eventually = async <A>(check: () => Promise<A | undefined | false>): Promise<A> => {
-  for (let i = 0; i < 200; i++) {
-    const value = await check()
-    if (value) return value
-    await new Promise((resolve) => setTimeout(resolve, 50))
-  }
-  throw new Error("condition not met in time")
-}
 
 describe.each(backends)("BYOK routing on $name", ({ postgres }) => {
   const skip = postgres && !postgresAvailable

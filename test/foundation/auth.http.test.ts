@@ -11,6 +11,7 @@ import { generateKey, hashKey, randomBase62 } from "../../src/auth/KeyMaterial.j
 import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { startGateway, type TestGateway } from "../support/Gateway.js"
 import { POSTGRES, serviceGate } from "../support/Services.js"
+import { eventually } from "../support/Eventually.js"
 
 const postgres = await serviceGate("postgres")
 
@@ -123,15 +124,6 @@ describe.skipIf(!postgres)("auth across two replicas on one PostgreSQL", () => {
     return rows[0]!.n
   }
 
-  /** Polls (bounded) until `check` holds; returns the milliseconds it took. */
-  const eventually = async (check: () => Promise<boolean>, limitMs = 5_000) => {
-    const started = Date.now()
-    while (Date.now() - started < limitMs) {
-      if (await check()) return Date.now() - started
-      await new Promise((r) => setTimeout(r, 20))
-    }
-    throw new Error(`condition not met within ${limitMs} ms`)
-  }
 
   beforeAll(async () => {
     db = await freshDatabase("replicas")
@@ -158,8 +150,9 @@ describe.skipIf(!postgres)("auth across two replicas on one PostgreSQL", () => {
     expect((await get(b, `Bearer ${key}`)).status).toBe(200) // cached on b
     await revoke(a, row.id)
     expectInvalidKey(await get(a, `Bearer ${key}`))
-    const ms = await eventually(async () => (await get(b, `Bearer ${key}`)).status === 401)
-    console.log(`cross-replica key invalidation reached the other replica after ${ms} ms`)
+    const started = Date.now()
+    await eventually(async () => (await get(b, `Bearer ${key}`)).status === 401, { timeoutMs: 5_000 })
+    console.log(`cross-replica key invalidation reached the other replica after ${Date.now() - started} ms`)
   })
 
   it("without the announcement the other replica keeps its cached entry (the control)", async () => {

@@ -19,6 +19,7 @@ import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { authed, defaultConfigDoc, startGateway, type TestGateway } from "../support/Gateway.js"
 import { POSTGRES, serviceGate } from "../support/Services.js"
 import { cleanEnv, closedPort, type Finished, runTs } from "./spawn.js"
+import { eventually } from "../support/Eventually.js"
 
 const postgres = await serviceGate("postgres")
 
@@ -35,14 +36,6 @@ const inProcess = async (args: ReadonlyArray<string>, env: Record<string, string
 const status = async (gw: TestGateway, key: string) =>
   (await fetch(`${gw.url}/v1/models`, { headers: authed(key) })).status
 
-const eventually = async (check: () => Promise<boolean>, limitMs = 5_000) => {
-  const started = Date.now()
-  while (Date.now() - started < limitMs) {
-    if (await check()) return
-    await new Promise((r) => setTimeout(r, 25))
-  }
-  throw new Error(`condition not met within ${limitMs} ms`)
-}
 
 const expectUsageError = (r: Finished, message: RegExp) => {
   expect(r.code, r.stderr).toBe(2)

@@ -2,11 +2,10 @@
  * Shared helpers of the inference suites: HTTP calls, SSE parsing, request rows, and a catalog entry
  * routed to the scripted mock upstream.
  */
-import { SqlClient } from "effect/sql"
 import { Effect } from "effect"
 import { expect } from "vitest"
-import { RequestLog } from "../../src/telemetry/RequestLog.js"
 import { authed, type ConfigDoc, type TestGateway } from "../support/Gateway.js"
+import { afterFlush } from "../support/Rows.js"
 
 export const HANGUL = /[\uac00-\ud7a3]/
 
@@ -123,24 +122,14 @@ export interface RequestRowView {
 
 /** Flushes the batch writer, then reads the rows with these ids. */
 export const rowsById = (gw: TestGateway, ids: ReadonlyArray<number>) =>
-  gw.run(Effect.gen(function*() {
-    const log = yield* RequestLog
-    yield* log.flush
-    const sql = yield* SqlClient.SqlClient
-    if (ids.length === 0) return [] as Array<RequestRowView>
-    return (yield* sql<RequestRowView>`SELECT * FROM request_log WHERE id IN ${sql.in(ids)} ORDER BY id`) as Array<
-      RequestRowView
-    >
-  }).pipe(Effect.orDie))
+  afterFlush(gw, (sql) =>
+    ids.length === 0
+      ? Effect.succeed([] as Array<RequestRowView>)
+      : Effect.map(sql<RequestRowView>`SELECT * FROM request_log WHERE id IN ${sql.in(ids)} ORDER BY id`, (rows) => [...rows]))
 
 /** Flushes, then reads the `n` rows with the highest ids, newest first. */
 export const latestRows = (gw: TestGateway, n: number) =>
-  gw.run(Effect.gen(function*() {
-    const log = yield* RequestLog
-    yield* log.flush
-    const sql = yield* SqlClient.SqlClient
-    return (yield* sql<RequestRowView>`SELECT * FROM request_log ORDER BY id DESC LIMIT ${n}`) as Array<RequestRowView>
-  }).pipe(Effect.orDie))
+  afterFlush(gw, (sql) => Effect.map(sql<RequestRowView>`SELECT * FROM request_log ORDER BY id DESC LIMIT ${n}`, (rows) => [...rows]))
 
 export const rowById = async (gw: TestGateway, id: number): Promise<RequestRowView> => {
   const rows = await rowsById(gw, [id])
@@ -148,15 +137,9 @@ export const rowById = async (gw: TestGateway, id: number): Promise<RequestRowVi
   return rows[0]!
 }
 
-/** Flushes, then counts rows (optionally only those whose request_id is in `requestIds`). */
+/** Flushes, then counts the rows. */
 export const countRows = (gw: TestGateway) =>
-  gw.run(Effect.gen(function*() {
-    const log = yield* RequestLog
-    yield* log.flush
-    const sql = yield* SqlClient.SqlClient
-    const [row] = yield* sql<{ n: number }>`SELECT count(*)::int AS n FROM request_log`
-    return row!.n
-  }).pipe(Effect.orDie))
+  afterFlush(gw, (sql) => Effect.map(sql<{ n: number }>`SELECT count(*)::int AS n FROM request_log`, (rows) => rows[0]!.n))
 
 export const rowIdOf = (res: Response): number => {
   const raw = res.headers.get("x-request-id")
@@ -180,16 +163,5 @@ export const expectError = async (res: Response, status: number, code: string, t
   return body
 }
 
-/** Polls `check` until it passes (for effects that complete after the response, e.g. a cancelled stream's row). */
-export const eventually = async (check: () => void | Promise<void>, timeoutMs = 5_000) => {
-  const started = Date.now()
-  for (;;) {
-    try {
-      await check()
-      return
-    } catch (error) {
-      if (Date.now() - started > timeoutMs) throw error
-      await new Promise((r) => setTimeout(r, 20))
-    }
-  }
-}
+/** Polls `check` until it passes (effects that complete after the response, e.g. a cancelled stream's row). */
+export { eventuallyPasses as eventually } from "../support/Eventually.js"

@@ -15,6 +15,7 @@ import { defaultConfigDoc } from "../support/Gateway.js"
 import { Behaviour, Chunks, type MockUpstream, startMockUpstream } from "../support/MockUpstream.js"
 import { serviceGate } from "../support/Services.js"
 import { addMockModel, parseSse, readBody, user } from "./helpers.js"
+import { eventually } from "../support/Eventually.js"
 
 const postgres = await serviceGate("postgres")
 
@@ -95,12 +96,8 @@ describe.skipIf(!postgres)("graceful shutdown (SIGTERM)", () => {
     const signalledAt = Date.now()
     process.kill(gateway.pid, "SIGTERM")
     // New connections are refused while the stream is still open.
-    let isRefused = false
-    for (let i = 0; i < 100 && !isRefused; i++) {
-      isRefused = await refused(port)
-      if (!isRefused) await new Promise((r) => setTimeout(r, 20))
-    }
-    expect(isRefused).toBe(true)
+    expect(await eventually(() => refused(port), { timeoutMs: 2_000, everyMs: 20, what: "new connections refused" }))
+      .toBe(true)
 
     const rest = await readBody(new Response(new ReadableStream({
       pull: async (controller) => {

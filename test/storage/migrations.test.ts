@@ -9,6 +9,7 @@ import { afterEach, describe, expect, it } from "vitest"
 import * as Sql from "../../src/store/Sql.js"
 import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { serviceGate } from "../support/Services.js"
+import { eventually } from "../support/Eventually.js"
 
 const postgres = await serviceGate("postgres")
 
@@ -67,16 +68,13 @@ describe.skipIf(!postgres)("migrations of replicas starting together (PostgreSQL
     await holder.query("SELECT pg_advisory_lock($1)", [Sql.MIGRATION_LOCK_KEY])
     const booting = bootTogether(db, 1)
     // The replica is blocked on the lock: its session shows up waiting for the advisory lock.
-    const started = Date.now()
-    for (;;) {
+    await eventually(async () => {
       const { rows } = await holder.query(
         "SELECT count(*)::int AS n FROM pg_locks WHERE locktype = 'advisory' AND objid = $1 AND NOT granted",
         [Sql.MIGRATION_LOCK_KEY]
       )
-      if (rows[0].n === 1) break
-      if (Date.now() - started > 10_000) throw new Error("the replica never waited for the migration lock")
-      await new Promise((r) => setTimeout(r, 20))
-    }
+      return rows[0].n === 1
+    }, { timeoutMs: 10_000, everyMs: 20, what: "the replica waiting for the migration lock" })
     const before = await holder.query("SELECT to_regclass('wellspring_migrations') AS t")
     expect(before.rows[0].t).toBeNull()
     await holder.query("SELECT pg_advisory_unlock($1)", [Sql.MIGRATION_LOCK_KEY])

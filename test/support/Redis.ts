@@ -3,6 +3,7 @@ import * as Crypto from "node:crypto"
 import * as Net from "node:net"
 import { Redis } from "ioredis"
 import { reachable } from "./Services.js"
+import { eventually } from "./Eventually.js"
 
 /** A key prefix no other run uses. */
 export const uniquePrefix = (label: string): string =>
@@ -59,11 +60,11 @@ export const privateRedis = async (): Promise<PrivateRedis> => {
     child = spawn("redis-server", ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], {
       stdio: "ignore"
     })
-    const deadline = Date.now() + 5_000
-    while (!(await reachable("127.0.0.1", port, 200))) {
-      if (Date.now() > deadline) throw new Error(`redis-server on port ${port} did not start`)
-      await new Promise((r) => setTimeout(r, 50))
-    }
+    await eventually(() => reachable("127.0.0.1", port, 200), {
+      timeoutMs: 5_000,
+      everyMs: 50,
+      what: `redis-server on port ${port} starting`
+    })
   }
   const stop = async () => {
     const c = child
