@@ -101,7 +101,7 @@ export class Credentials extends Context.Service<Credentials, {
 /**
  * Which of the account's rows a reference names. With a label: that label (a label may exist once per auth
  * scheme, e.g. Azure's `api-key` and `bearer`: the primary wins, then the provider's first scheme, then the
- * oldest). Without: the provider's primary, else its oldest active credential.
+ * oldest). Without: the provider's primary, else an active one, pinned first, then the oldest.
  */
 export const pick = (
   rows: ReadonlyArray<CredentialRow>,
@@ -120,6 +120,7 @@ export const pick = (
   const ranked = [...candidates].sort((a, b) =>
     Number(b.is_primary) - Number(a.is_primary) ||
     (label === null ? Number(b.status === "active") - Number(a.status === "active") : 0) ||
+    Number(b.pinned) - Number(a.pinned) ||
     schemeRank(a) - schemeRank(b) ||
     a.id - b.id
   )

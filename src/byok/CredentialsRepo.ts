@@ -81,7 +81,7 @@ export const lowestFreeLabel = (used: Iterable<string>): string => {
 }
 
 export class CredentialsRepo extends Context.Service<CredentialsRepo, {
-  /** The account's non-revoked credentials, oldest first. */
+  /** The account's non-revoked credentials: pinned ones first, then oldest first. */
   readonly list: (accountId: string) => Effect.Effect<ReadonlyArray<CredentialRow>>
   /** One of the account's non-revoked credentials, or null (another account's, revoked, or no such id). */
   readonly findOwn: (accountId: string, id: number) => Effect.Effect<CredentialRow | null>
@@ -90,8 +90,9 @@ export class CredentialsRepo extends Context.Service<CredentialsRepo, {
   /** Applies a patch to one of the account's credentials; null when it is not the account's. */
   readonly patch: (accountId: string, id: number, patch: CredentialPatch) => Effect.Effect<CredentialRow | null>
   /**
-   * Soft revoke; when it was its provider's primary, the oldest remaining credential of that provider (an
-   * active one before a rejected one) becomes primary. Null when it is not the account's.
+   * Soft revoke; when it was its provider's primary, another credential of that provider becomes primary: an
+   * active one before a rejected one, a pinned one before an unpinned one, then the oldest. Null when it is not
+   * the account's.
    */
   readonly revoke: (accountId: string, id: number) => Effect.Effect<CredentialRow | null>
   /** A successful listing: `rejected` back to `active`, `last_error_code` cleared, `last_verified_at` stamped. */
@@ -127,7 +128,7 @@ export const make = Effect.gen(function*() {
     list: (accountId) =>
       orDie(sql<CredentialRow>`
         SELECT * FROM byok_credentials
-        WHERE account_id = ${accountId} AND status <> 'revoked' ORDER BY id`).pipe(
+        WHERE account_id = ${accountId} AND status <> 'revoked' ORDER BY pinned DESC, id`).pipe(
         Effect.map((rows) => rows.map(normalize))
       ),
     findOwn: (accountId, id) => orDie(findOwn(accountId, id)),
@@ -206,7 +207,7 @@ export const make = Effect.gen(function*() {
             WHERE id = (
               SELECT id FROM byok_credentials
               WHERE account_id = ${accountId} AND provider = ${row.provider} AND status <> 'revoked'
-              ORDER BY (status = 'active') DESC, id LIMIT 1)`
+              ORDER BY (status = 'active') DESC, pinned DESC, id LIMIT 1)`
         }
         return revoked
       }))),

@@ -279,6 +279,19 @@ describe.each(backends)("BYOK API on $name", ({ postgres }) => {
     expect(audits).toEqual([{ action: "byok.delete", target: String(first.id) }])
   })
 
+  it.skipIf(skip)("pinned: listed first, and preferred over an older credential when a new primary is chosen", async () => {
+    const { key } = await newUser(gw)
+    const first = (await req("POST", BASE, { key, body: openai(good("p1")) })).body.data.credential
+    const second = (await req("POST", BASE, { key, body: openai(good("p2")) })).body.data.credential
+    const third = (await req("POST", BASE, { key, body: openai(good("p3")) })).body.data.credential
+    expect((await req("PATCH", `${BASE}/${third.id}`, { key, body: { pinned: true } })).status).toBe(200)
+    let list = (await req("GET", BASE, { key })).body.data.credentials
+    expect(list.map((x: any) => x.id)).toEqual([third.id, first.id, second.id])
+    expect((await req("DELETE", `${BASE}/${first.id}`, { key })).status).toBe(200)
+    list = (await req("GET", BASE, { key })).body.data.credentials
+    expect(list.map((x: any) => [x.id, x.is_primary])).toEqual([[third.id, true], [second.id, false]])
+  })
+
   it.skipIf(skip)("PATCH: only pinned, is_primary (true acts), fallback_model_id (catalog id or clear)", async () => {
     const { key } = await newUser(gw)
     const a = (await req("POST", BASE, { key, body: openai(good("1")) })).body.data.credential
@@ -288,7 +301,8 @@ describe.each(backends)("BYOK API on $name", ({ postgres }) => {
     expect(r.body.success).toBe(true)
     expect(r.body.data.credential).toMatchObject({ id: b.id, is_primary: true, pinned: true, fallback_model_id: "ws-lite" })
     let list = (await req("GET", BASE, { key })).body.data.credentials
-    expect(list.map((x: any) => x.is_primary)).toEqual([false, true])
+    // b is pinned now, so it is listed first.
+    expect(list.map((x: any) => [x.id, x.is_primary])).toEqual([[b.id, true], [a.id, false]])
     // `is_primary: false` does nothing.
     r = await req("PATCH", `${BASE}/${b.id}`, { key, body: { is_primary: false, fallback_model_id: "" } })
     expect(r.body.data.credential).toMatchObject({ is_primary: true, fallback_model_id: null })
@@ -306,7 +320,8 @@ describe.each(backends)("BYOK API on $name", ({ postgres }) => {
     r = await req("PATCH", `${BASE}/1.5`, { key, body: { pinned: true } })
     expect([r.status, r.body.error.code]).toEqual([400, "byok_credential_missing"])
     list = (await req("GET", BASE, { key })).body.data.credentials
-    expect(list.map((x: any) => [x.label, x.pinned])).toEqual([["key-1", false], ["key-2", true]])
+    // Pinned credentials are listed first.
+    expect(list.map((x: any) => [x.label, x.pinned])).toEqual([["key-2", true], ["key-1", false]])
   })
 
   it.skipIf(skip)("GET /:id/models: listing, then cached; ownership on every hit; rejected turns active", async () => {
