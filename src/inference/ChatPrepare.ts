@@ -67,19 +67,22 @@ export const checkModel = (
   return Result.succeed({ model, effort })
 }
 
-/** What the adapter receives: contract fields only, `model` mapped to the upstream id. */
-export const upstreamRequest = (
+/**
+ * What the adapter receives: contract fields only, `model` as the upstream knows it, `max_tokens` when given (a
+ * catalog model's is always clamped and set; a BYOK request passes only the client's).
+ */
+const toUpstream = (
   req: ChatRequest,
-  model: ModelConfig,
+  model: string,
   effort: ReasoningEffort | undefined,
-  maxTokens: number
+  maxTokens: number | undefined
 ): UpstreamRequest => {
   const out: { -readonly [K in keyof UpstreamRequest]: UpstreamRequest[K] } = {
-    model: model.route.model,
+    model,
     messages: req.messages,
-    stream: req.stream === true,
-    max_tokens: maxTokens
+    stream: req.stream === true
   }
+  if (maxTokens !== undefined) out.max_tokens = maxTokens
   if (req.temperature !== undefined) out.temperature = req.temperature
   if (req.top_p !== undefined) out.top_p = req.top_p
   if (req.stop !== undefined) out.stop = req.stop
@@ -93,32 +96,23 @@ export const upstreamRequest = (
   return out
 }
 
+/** A catalog model's request: `model` mapped to the upstream id, `max_tokens` clamped. */
+export const upstreamRequest = (
+  req: ChatRequest,
+  model: ModelConfig,
+  effort: ReasoningEffort | undefined,
+  maxTokens: number
+): UpstreamRequest => toUpstream(req, model.route.model, effort, maxTokens)
+
 /**
- * What is sent through a credential: contract fields only, the provider's model id verbatim, `max_tokens` only
- * when the client set one (the provider knows its model's limits; the gateway's catalog does not).
+ * What is sent through a credential: the provider's model id verbatim, `max_tokens` only when the client set one
+ * (the provider knows its model's limits; the gateway's catalog does not).
  */
 export const byokUpstreamRequest = (
   req: ChatRequest,
   reference: ByokReference,
   effort: ReasoningEffort | undefined
-): UpstreamRequest => {
-  const out: { -readonly [K in keyof UpstreamRequest]: UpstreamRequest[K] } = {
-    model: reference.model,
-    messages: req.messages,
-    stream: req.stream === true
-  }
-  if (req.max_tokens !== undefined) out.max_tokens = req.max_tokens
-  if (req.temperature !== undefined) out.temperature = req.temperature
-  if (req.top_p !== undefined) out.top_p = req.top_p
-  if (req.stop !== undefined) out.stop = req.stop
-  if (effort !== undefined) out.reasoning_effort = effort
-  if (req.tools !== undefined && req.tools.length > 0) {
-    out.tools = req.tools
-    if (req.tool_choice !== undefined) out.tool_choice = req.tool_choice
-    if (req.parallel_tool_calls !== undefined) out.parallel_tool_calls = req.parallel_tool_calls
-  }
-  return out
-}
+): UpstreamRequest => toUpstream(req, reference.model, effort, req.max_tokens)
 
 /** The contract's efforts, all of them allowed through a credential (the provider refuses what its model lacks). */
 const BYOK_EFFORTS: ReadonlyArray<ReasoningEffort> = ["none", "low", "high", "max"]
