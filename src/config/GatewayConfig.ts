@@ -3,6 +3,7 @@ import * as Fs from "node:fs"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
 import { ByokConfig } from "../byok/Config.js"
+import { isRange } from "../http/ClientAddress.js"
 import { ReasoningEffort } from "../wire/ChatSchemas.js"
 
 const PositiveInt = Schema.Int.check(Schema.isGreaterThan(0))
@@ -184,6 +185,17 @@ export const LimitsConfig = Schema.Struct({
   snapshot_per_minute: PositiveInt.pipe(withDefault(() => 60)),
   /** Open connections per listener; beyond it new connections are refused. */
   connections: PositiveInt.pipe(withDefault(() => 4096)),
+  /**
+   * Connections that have not yet completed a request, per listener. Past it the oldest such connection is
+   * closed to make room, so silent or slow sockets cannot hold the listener.
+   */
+  pending_connections: PositiveInt.pipe(withDefault(() => 256)),
+  /** Open connections from one client address (trusted proxies exempt); past it new ones are closed on accept. */
+  connections_per_address: PositiveInt.pipe(withDefault(() => 64)),
+  /** A new connection that sends no byte within this time is closed without an answer. */
+  first_byte_timeout_seconds: PositiveInt.pipe(withDefault(() => 5)),
+  /** Failed authentications (401) per client address per minute; past it 429 before any lookup. */
+  failed_auth_per_minute: PositiveInt.pipe(withDefault(() => 30)),
   /** Time to receive the request headers. */
   headers_timeout_seconds: PositiveInt.pipe(withDefault(() => 15)),
   /** Time to receive the whole request (headers and body). */
@@ -218,6 +230,13 @@ export const GatewayConfig = Schema.Struct({
   }).pipe(withDefault(() => ({ batch_size: 500, flush_ms: 200 }))),
   shutdown_grace_seconds: NonNegative.pipe(withDefault(() => 20)),
   limits: LimitsConfig.pipe(withDefault(() => Schema.decodeSync(LimitsConfig)({}))),
+  /**
+   * Proxies (CIDR ranges or addresses) whose `X-Forwarded-For` names the client (src/http/ClientAddress.ts).
+   * Empty: the TCP peer is the client.
+   */
+  trusted_proxies: Schema.Array(Schema.String.check(Schema.makeFilter((s: string) => isRange(s) ? undefined : "not an address or CIDR range"))).pipe(
+    withDefault((): ReadonlyArray<string> => [])
+  ),
   /**
    * Origins (scheme://host[:port]) besides the request's own host from which cookie-authenticated
    * mutations of the account API are accepted (a dashboard served from another origin).
