@@ -16,7 +16,7 @@ import { Settings } from "../config/Live.js"
 import type { GatewayError } from "../errors/Catalog.js"
 import { renderAccount, renderBare, renderInference } from "../errors/Render.js"
 import { handle, json } from "../http/Respond.js"
-import { readText } from "../http/Body.js"
+import { readJson } from "../http/Body.js"
 import { AccountsRepo } from "./AccountsRepo.js"
 import { createKey, deleteKey, listKeys, revealKey, rotateKey } from "./Keys.js"
 import { enforce, READ_LIMIT, snapshotLimit } from "./Limits.js"
@@ -29,19 +29,16 @@ const query = (request: HttpServerRequest.HttpServerRequest): URLSearchParams =>
   return new URLSearchParams(i < 0 ? "" : request.url.slice(i + 1))
 }
 
+/** Account bodies are a flag or a label: a few bytes. */
+export const ACCOUNT_BODY_BYTES = 16 * 1024
+
 /**
- * The body as JSON, or undefined when absent or malformed (these endpoints never reject a body's content);
- * a body over `limits.body_bytes` is still a 413.
+ * The body as JSON, or undefined when absent, malformed, too deep or of another content type (these endpoints
+ * never reject a body's content; another content type is not read at all); a body over `ACCOUNT_BODY_BYTES` is
+ * still a 413.
  */
 const lenientJson = (request: HttpServerRequest.HttpServerRequest) =>
-  readText(request).pipe(
-    Effect.map((text) => {
-      try {
-        return text.trim() === "" ? undefined : (JSON.parse(text) as unknown)
-      } catch {
-        return undefined
-      }
-    }),
+  readJson(request, { maxBytes: ACCOUNT_BODY_BYTES, emptyIsAbsent: true }).pipe(
     Effect.catchIf((error) => error.code !== "payload_too_large", () => Effect.succeed(undefined as unknown))
   )
 
@@ -128,7 +125,7 @@ export const accountRoutes = Layer.mergeAll(
         renderAccount,
         Effect.gen(function*() {
           const caller = yield* authenticateAccount
-          const data = yield* createKey(caller, yield* lenientJson(request))
+          const data = yield* createKey(caller, lenientJson(request))
           return json({ success: true, data })
         })
       ))

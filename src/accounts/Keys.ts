@@ -62,11 +62,18 @@ export const listKeys = (caller: Caller) =>
     return { keys: rows.map((row) => keyRecord(row, settings.encryptionKey !== null)), max: MAX_ACTIVE_KEYS }
   })
 
-/** `POST /api/user/me/keys`: active account, fewer than `max` keys; the plaintext is returned once. */
-export const createKey = (caller: Caller, body: unknown): Effect.Effect<{ readonly apiKey: string }, GatewayError, AccountsRepo> =>
+/**
+ * `POST /api/user/me/keys`: active account, fewer than `max` keys; the plaintext is returned once. The body is
+ * read only once the account is known to be active.
+ */
+export const createKey = <R>(
+  caller: Caller,
+  readBody: Effect.Effect<unknown, GatewayError, R>
+): Effect.Effect<{ readonly apiKey: string }, GatewayError, AccountsRepo | R> =>
   Effect.gen(function*() {
     const repo = yield* AccountsRepo
     yield* requireActive(caller.account)
+    const body = yield* readBody
     const created = yield* repo.createKeyCapped(caller.account.id, labelFrom(body), MAX_ACTIVE_KEYS)
     if (created === null) return yield* Effect.fail(fail("key_cap_reached"))
     yield* repo.audit(caller.account.id, "key.create", String(created.row.id), { key_id: created.row.id, via: via(caller) })

@@ -17,18 +17,17 @@
  * INSERT and never logged, rendered or audited. Probe failures log their `kind` and `detail` (status codes,
  * refusal ranges), never provider text.
  */
-import { Clock, type Context, Data, Effect, Layer, Result } from "effect"
+import { Clock, type Context, Data, Effect, Layer } from "effect"
 import { HttpRouter, HttpServerRequest, HttpServerResponse } from "effect/http"
 import { enforce, type EndpointLimit } from "../accounts/Limits.js"
 import { authenticateAccount } from "../accounts/SessionAuth.js"
 import { AccountsRepo } from "../accounts/AccountsRepo.js"
 import { Auth, type Caller } from "../auth/Auth.js"
-import { LiveCatalog, Settings } from "../config/Live.js"
+import { LiveCatalog } from "../config/Live.js"
 import { AccountMessages, fail, type GatewayError } from "../errors/Catalog.js"
 import { renderAccount } from "../errors/Render.js"
-import { readBoundedText } from "../http/Body.js"
+import { readJson } from "../http/Body.js"
 import { handle, json } from "../http/Respond.js"
-import { parseJsonBody } from "../inference/JsonGuard.js"
 import { Byok } from "./Byok.js"
 import { Credentials } from "./Credentials.js"
 import { type CredentialRow, CredentialsRepo } from "./CredentialsRepo.js"
@@ -104,16 +103,9 @@ const gated = Effect.gen(function*() {
   return { caller, byok, key: byok.switch.key }
 })
 
-/** The body as JSON: bounded, depth-checked, then parsed. */
-const readBody = Effect.gen(function*() {
-  const request = yield* HttpServerRequest.HttpServerRequest
-  const settings = yield* Settings
-  const text = yield* readBoundedText(request, Math.min(MAX_BYOK_BODY_BYTES, settings.config.limits.body_bytes))
-  if (text.trim() === "") return undefined
-  const parsed = parseJsonBody(text, settings.config.limits.json_depth)
-  if (Result.isFailure(parsed)) return yield* Effect.fail(parsed.failure)
-  return parsed.success
-})
+/** The body as JSON (absent when empty), at most `MAX_BYOK_BODY_BYTES`. */
+const readBody = Effect.flatMap(HttpServerRequest.HttpServerRequest, (request) =>
+  readJson(request, { maxBytes: MAX_BYOK_BODY_BYTES, emptyIsAbsent: true }))
 
 const isRecord = (u: unknown): u is Record<string, unknown> => typeof u === "object" && u !== null && !Array.isArray(u)
 

@@ -1,15 +1,26 @@
 /**
- * The request body, bounded while it is read: a declared `Content-Length` over the limit is refused before a
- * byte of the body is read, and a chunked (or lying) body is counted as it arrives and abandoned at the limit.
- * Refusals leave the rest of the body unread; the server answers them with `Connection: close` (see Server.ts)
- * so Node does not drain it.
+ * The one reader of request bodies. Every route that takes a body calls `readJson` (or `readJsonWith`) after it
+ * has authenticated the caller and checked the account's status, and nothing else in `src/` reads a body
+ * (test/edge/hostile-routes.test.ts checks both: it sends hostile bodies to every registered route, and refuses
+ * any other body read in the source). In order:
+ * - the content type: a JSON body may come as JSON (`application/json`, `application/<anything>+json`), `text/plain`, curl's
+ *   default `application/x-www-form-urlencoded`, or with none; anything else is 415 `unsupported_content_type`
+ *   before a byte is read;
+ * - the size, bounded while it is read: a declared `Content-Length` over the limit is refused before a byte of the
+ *   body is read, and a chunked (or lying) body is counted as it arrives and abandoned at the limit. Refusals
+ *   leave the rest of the body unread; the server answers them with `Connection: close` (see Server.ts) so Node
+ *   does not drain it;
+ * - UTF-8, decoded chunk by chunk (invalid: 400 `invalid_json`);
+ * - the nesting depth, scanned before parsing (400 `invalid_request`), then the parse (400 `invalid_json`).
  */
 import { NodeHttpServerRequest } from "@effect/platform-node"
 import { Effect } from "effect"
 import type { HttpServerRequest } from "effect/http"
 import type * as Http from "node:http"
+import type { LimitsConfig } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
+import { parseJsonText } from "./Json.js"
 
 const MB = 1024 * 1024
 
@@ -37,7 +48,7 @@ const invalidUtf8 = () => fail("invalid_json", { message: "요청 본문이 올�
  * (never a replacement character). Each chunk is decoded as it arrives, so no event-loop turn decodes more than
  * one socket chunk, whatever the body size.
  */
-export const readBoundedText = (
+const readBoundedText = (
   request: HttpServerRequest.HttpServerRequest,
   limitBytes: number
 ): Effect.Effect<string, GatewayError> =>
@@ -97,6 +108,45 @@ export const readBoundedText = (
     })
   })
 
-/** The body as text, bounded by `limits.body_bytes`: 413 past it, 400 `invalid_json` for invalid UTF-8. */
-export const readText = (request: HttpServerRequest.HttpServerRequest): Effect.Effect<string, GatewayError, Settings> =>
-  Effect.flatMap(Settings, (settings) => readBoundedText(request, settings.config.limits.body_bytes))
+/**
+ * Content types a JSON body is read under: none, JSON, `text/plain` and `application/x-www-form-urlencoded`
+ * (what `curl -d` sends by default). Multipart, binary and every other type are refused unread.
+ */
+export const acceptsContentType = (header: string | ReadonlyArray<string> | undefined): boolean => {
+  if (header === undefined) return true
+  if (typeof header !== "string") return false
+  const type = header.split(";", 1)[0]!.trim().toLowerCase()
+  return type === "" || type === "application/json" || type === "text/plain" ||
+    type === "application/x-www-form-urlencoded" || (type.startsWith("application/") && type.endsWith("+json"))
+}
+
+export interface JsonBodyOptions {
+  /** A tighter bound than `limits.body_bytes` for routes that take small bodies. */
+  readonly maxBytes?: number
+  /** An empty (or all-whitespace) body is `undefined` instead of 400 `invalid_json`. */
+  readonly emptyIsAbsent?: boolean
+}
+
+/**
+ * The body as parsed JSON under `limits` (see the module comment for the order of checks). Call it only after
+ * the caller is authenticated and allowed to use the route: until then the body stays on the wire.
+ */
+export const readJsonWith = (
+  request: HttpServerRequest.HttpServerRequest,
+  limits: LimitsConfig,
+  options: JsonBodyOptions = {}
+): Effect.Effect<unknown, GatewayError> => {
+  if (!acceptsContentType(request.headers["content-type"])) return Effect.fail(fail("unsupported_content_type"))
+  const maxBytes = Math.min(options.maxBytes ?? limits.body_bytes, limits.body_bytes)
+  return Effect.flatMap(readBoundedText(request, maxBytes), (text) =>
+    options.emptyIsAbsent === true && text.trim() === ""
+      ? Effect.succeed(undefined)
+      : parseJsonText(text, limits.json_depth))
+}
+
+/** `readJsonWith` under the live `limits`. */
+export const readJson = (
+  request: HttpServerRequest.HttpServerRequest,
+  options: JsonBodyOptions = {}
+): Effect.Effect<unknown, GatewayError, Settings> =>
+  Effect.flatMap(Settings, (settings) => readJsonWith(request, settings.config.limits, options))

@@ -1,8 +1,8 @@
 import { NodeHttpServer, NodeHttpServerRequest } from "@effect/platform-node"
-import { Cause, Context, Deferred, Duration, Effect, Exit, Layer, Scope } from "effect"
-import { HttpRouter, HttpServerError, HttpServerRequest, HttpServerResponse } from "effect/http"
+import { ByteSize, Cause, Context, Deferred, Duration, Effect, Exit, Layer, Scope } from "effect"
+import { HttpIncomingMessage, HttpRouter, HttpServerError, HttpServerRequest, HttpServerResponse } from "effect/http"
 import * as Http from "node:http"
-import type { AddressInfo, Socket } from "node:net"
+import type { AddressInfo } from "node:net"
 import type { Duplex } from "node:stream"
 import type { LimitsConfig, Listener, Origin } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
@@ -10,6 +10,8 @@ import { fail } from "../errors/Catalog.js"
 import { inferenceBody } from "../errors/Render.js"
 import { declaredOver } from "./Body.js"
 import * as CallbackFibers from "./CallbackFibers.js"
+import * as ClientAddress from "./ClientAddress.js"
+import { guardConnections } from "./Connections.js"
 import { defectCode, newRequestId, REQUEST_ID_HEADER } from "./Respond.js"
 
 /**
@@ -68,6 +70,36 @@ const appFor = <R>(origins: ReadonlyArray<Origin>, routes: Routes<R>) =>
       Effect.zipWith(HttpServerRequest.HttpServerRequest, closeIfBodyUnread)
     ))
 
+export interface RegisteredRoute {
+  readonly origin: Origin
+  readonly method: string
+  readonly path: string
+}
+
+/**
+ * Every route `routes` registers, per origin, read by building each origin's layers against a router that only
+ * records (handlers are not run). Tests enumerate the routes with it, so a route added later is covered without
+ * being named.
+ */
+export const listRoutes = (routes: Routes<any>): Effect.Effect<ReadonlyArray<RegisteredRoute>> =>
+  Effect.scoped(Effect.gen(function*() {
+    const found: Array<RegisteredRoute> = []
+    for (const origin of Object.keys(routes) as Array<Origin>) {
+      const recorder = (prefix: string): HttpRouter.HttpRouter => ({
+        prefixed: (more: string) => recorder(prefix + more),
+        add: (method: string, path: string) => Effect.sync(() => void found.push({ origin, method, path: prefix + path })),
+        addAll: (all: ReadonlyArray<HttpRouter.Route<any, any>>) =>
+          Effect.sync(() => {
+            for (const route of all) found.push({ origin, method: route.method, path: prefix + route.path })
+          }),
+        addGlobalMiddleware: () => Effect.void,
+        asHttpEffect: () => Effect.die("recording router")
+      } as unknown as HttpRouter.HttpRouter)
+      yield* Layer.build(Layer.provide(routes[origin] as Layer.Layer<never>, Layer.succeed(HttpRouter.HttpRouter, recorder(""))))
+    }
+    return found
+  }))
+
 const mergeRoutes = <R>(layers: ReadonlyArray<Layer.Layer<never, never, R>>): Layer.Layer<never, never, R> =>
   layers.length === 0 ? Layer.empty as Layer.Layer<never, never, R> : Layer.mergeAll(layers[0]!, ...layers.slice(1))
 
@@ -107,18 +139,6 @@ export const serverOptions = (limits: LimitsConfig): Http.ServerOptions => {
   }
 }
 
-/** Connection cap; a warning at most once a minute while connections are refused. */
-const capConnections = (server: Http.Server, max: number, warn: (message: string) => void) => {
-  server.maxConnections = max
-  let lastWarning = 0
-  server.on("drop", () => {
-    const now = Date.now()
-    if (now - lastWarning < 60_000) return
-    lastWarning = now
-    warn(`connection cap of ${max} reached; refusing new connections`)
-  })
-}
-
 /**
  * `Expect: 100-continue` with a declared body over the limit gets no `100 Continue`: the handler answers 413
  * and the client never sends the body.
@@ -132,8 +152,11 @@ const refuseOversizedContinue = (server: Http.Server, limitBytes: number) =>
 /**
  * Requests Node refuses before any handler runs (malformed HTTP, oversized headers or URL, a request not received
  * within the timeouts) get the inference error envelope with a Korean message instead of Node's bare status line.
- * The connection is closed: its remaining bytes cannot be trusted.
+ * The connection is closed, and destroyed shortly after: its remaining bytes cannot be trusted.
  */
+/** How long a connection answered by `answerClientErrors` stays open for its answer to be read. */
+const ANSWER_LINGER_MS = 1000
+
 const answerClientErrors = (server: Http.Server) =>
   server.on("clientError", (error: NodeJS.ErrnoException, socket: Duplex) => {
     // A response already under way (or a socket that went away) cannot take another status line.
@@ -151,6 +174,9 @@ const answerClientErrors = (server: Http.Server) =>
         `content-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n` +
         `${REQUEST_ID_HEADER}: ${newRequestId()}\r\nconnection: close\r\n\r\n${body}`
     )
+    // `end` only half-closes: a client that never closes its side would keep the socket (and its place under
+    // the connection caps) forever. The answer gets a moment to reach the client, then the socket is destroyed.
+    setTimeout(() => socket.destroy(), ANSWER_LINGER_MS).unref()
   })
 
 const listen = (server: Http.Server, listener: Listener) =>
@@ -162,40 +188,6 @@ const listen = (server: Http.Server, listener: Listener) =>
       resume(Effect.succeed((server.address() as AddressInfo).port))
     })
   })
-
-/**
- * Which connections have a request in flight. Node's `closeIdleConnections` misses connections that
- * never sent a request (clients and load balancers open spare ones) and connections whose response
- * ends after the drain started; `drain` closes both, so the process exits as soon as the last open
- * response is done instead of after the grace period.
- */
-const trackConnections = (server: Http.Server) => {
-  const sockets = new Set<Socket>()
-  const inFlight = new Map<Socket, number>()
-  let draining = false
-  server.on("connection", (socket: Socket) => {
-    sockets.add(socket)
-    socket.once("close", () => {
-      sockets.delete(socket)
-      inFlight.delete(socket)
-    })
-  })
-  server.on("request", (request: Http.IncomingMessage, response: Http.ServerResponse) => {
-    const socket = request.socket
-    inFlight.set(socket, (inFlight.get(socket) ?? 0) + 1)
-    response.once("close", () => {
-      const left = (inFlight.get(socket) ?? 1) - 1
-      if (left > 0) return void inFlight.set(socket, left)
-      inFlight.delete(socket)
-      // The response is complete: end the connection after it, gracefully.
-      if (draining) socket.end()
-    })
-  })
-  return () => {
-    draining = true
-    for (const socket of sockets) if (!inFlight.has(socket)) socket.destroy()
-  }
-}
 
 /** What the route layers of `routes` require, all origins together. */
 type RoutesServices<Rs extends Routes<any>> = Layer.Services<Rs[Origin]>
@@ -240,14 +232,20 @@ export const layer = <Rs extends Routes<any>>(routes: Rs) => Layer.effect(
     // Created before the drain's finalizer is added, so it is closed (remaining fibers interrupted) after it.
     const callbackFibers = yield* CallbackFibers.make
     yield* Effect.addFinalizer((exit) => Effect.ensuring(drain, Scope.close(requests, exit.pipe(Exit.asVoid))))
+    const addresses = ClientAddress.make(settings.config.trusted_proxies)
     for (const listener of settings.config.listeners) {
       // No per-request tracing spans: they cost 20-30% of the hot path and nothing exports them. The handler
       // runs every request with the services captured here, so the setting holds for all of them.
       const handler = yield* NodeHttpServer.makeHandler(yield* appFor(listener.origins, routes as Routes<RoutesServices<Rs>>), { scope: requests })
-        .pipe(Effect.withTracerEnabled(false), Effect.provideService(CallbackFibers.CallbackFibers, callbackFibers))
+        .pipe(
+          Effect.withTracerEnabled(false),
+          Effect.provideService(CallbackFibers.CallbackFibers, callbackFibers),
+          // Bodies are read through http/Body.ts; the platform's own readers get the same size bound all the same.
+          Effect.provideService(HttpIncomingMessage.MaxBodySize, ByteSize.fromInputUnsafe(settings.config.limits.body_bytes))
+        )
       const limits = settings.config.limits
       const server = Http.createServer(serverOptions(limits), handler)
-      capConnections(server, limits.connections, (message) => runFork(Effect.logWarning(message)))
+      const guard = guardConnections(server, limits, addresses, (message) => runFork(Effect.logWarning(message)))
       refuseOversizedContinue(server, limits.body_bytes)
       answerClientErrors(server)
       const port = yield* listen(server, listener).pipe(
@@ -255,7 +253,7 @@ export const layer = <Rs extends Routes<any>>(routes: Rs) => Layer.effect(
         Effect.orDie
       )
       servers.push(server)
-      closeIdle.push(trackConnections(server))
+      closeIdle.push(guard.drain)
       bound.push({ host: listener.host, port, origins: listener.origins })
     }
     return BoundListeners.of({ listeners: bound, drain })

@@ -7,13 +7,13 @@ import { Effect, Result } from "effect"
 import type { HttpServerRequest } from "effect/http"
 import type { LimitsConfig, ModelConfig } from "../config/GatewayConfig.js"
 import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
-import { readBoundedText } from "../http/Body.js"
+import { readJsonWith } from "../http/Body.js"
 import { type ByokReference, isByokModel, parseReference } from "../byok/Reference.js"
 import type { UpstreamRequest } from "../upstream/Upstream.js"
 import type { ReasoningEffort } from "../wire/ChatSchemas.js"
 import { type ChatRequest, decodeChatRequest } from "./ChatRequest.js"
 import type { Exchange } from "./Exchange.js"
-import { modelIdOfBody, readJsonBody } from "./JsonGuard.js"
+import { modelIdOfBody } from "./JsonGuard.js"
 import { exceedsLimit, measure } from "./Tokens.js"
 
 /** A request for a catalog model, ready for admission and dispatch. */
@@ -34,9 +34,6 @@ export interface ByokChat {
 
 export type PreparedChat = PoolChat | ByokChat
 
-/** Parses a body no deeper than `maxDepth`, a large one on a turn of its own (see `readJsonBody`). */
-export const parseBody = (text: string, maxDepth: number): Effect.Effect<unknown, GatewayError> =>
-  readJsonBody(text, maxDepth)
 
 /** The row's `tool_choice`: the mode, or `function:<name>` (bounded). */
 export const toolChoiceLabel = (choice: ChatRequest["tool_choice"]): string | null =>
@@ -167,8 +164,7 @@ export const prepareChat = (
   limits: LimitsConfig,
   models: ReadonlyMap<string, ModelConfig>
 ): Effect.Effect<PreparedChat, GatewayError> =>
-  Effect.flatMap(readBoundedText(request, limits.body_bytes), (text) =>
-    Effect.flatMap(parseBody(text, limits.json_depth), (body) => {
+  Effect.flatMap(readJsonWith(request, limits), (body) => {
       exchange.requestedModel(modelIdOfBody(body))
       const decoded = decodeChatRequest(body, limits)
       if (Result.isFailure(decoded)) return Effect.fail(decoded.failure)
@@ -181,4 +177,4 @@ export const prepareChat = (
       return isByokModel(req.model)
         ? prepareByok(exchange, req) as Effect.Effect<PreparedChat, GatewayError>
         : prepareForModel(exchange, req, models.get(req.model))
-    }))
+    })

@@ -7,11 +7,11 @@ import type { HttpServerRequest } from "effect/http"
 import { type ByokReference, isByokModel, parseReference } from "../byok/Reference.js"
 import type { LimitsConfig, ModelConfig } from "../config/GatewayConfig.js"
 import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
-import { readBoundedText } from "../http/Body.js"
+import { readJsonWith } from "../http/Body.js"
 import { Bounded } from "../wire/ChatSchemas.js"
 import { describeDecodeFailure, MODEL_CHARS, NOT_AN_OBJECT, tooLong } from "./ChatRequest.js"
 import type { Exchange } from "./Exchange.js"
-import { modelIdOfBody, readJsonBody } from "./JsonGuard.js"
+import { modelIdOfBody } from "./JsonGuard.js"
 import { exceedsLimit } from "./Tokens.js"
 
 /** Output dimension fixed by the spec. */
@@ -127,14 +127,13 @@ export const prepareEmbeddings = (
   limits: LimitsConfig,
   models: ReadonlyMap<string, ModelConfig>
 ): Effect.Effect<PreparedEmbeddings, GatewayError> =>
-  Effect.flatMap(readBoundedText(request, limits.body_bytes), (text) =>
-    Effect.flatMap(readJsonBody(text, limits.json_depth), (body): Effect.Effect<PreparedEmbeddings, GatewayError> => {
+  Effect.flatMap(readJsonWith(request, limits), (body): Effect.Effect<PreparedEmbeddings, GatewayError> => {
       exchange.requestedModel(modelIdOfBody(body))
       const decoded = decodeEmbeddingsRequest(body, limits)
       if (Result.isFailure(decoded)) return Effect.fail(decoded.failure)
       const req = decoded.success
       return isByokModel(req.model) ? byokEmbeddings(exchange, req) : embeddingsForModel(exchange, req, models.get(req.model))
-    }))
+    })
 
 /** `encoding_format: "base64"`: the vector as little-endian float32, base64-encoded (what the openai SDK decodes). */
 export const toBase64Float32 = (vector: ReadonlyArray<number>): string => {

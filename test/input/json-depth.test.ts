@@ -4,7 +4,7 @@
  * depth is read off the text before parsing, skipping string contents.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { exceedsJsonDepth } from "../../src/inference/JsonGuard.js"
+import { exceedsJsonDepth } from "../../src/http/Json.js"
 import { chatUrl, postChat, user } from "../inference/helpers.js"
 import { authed, type TestGateway } from "../support/Gateway.js"
 import { Behaviour, Chunks, type MockUpstream, startMockUpstream } from "../support/MockUpstream.js"

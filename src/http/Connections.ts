@@ -1,0 +1,123 @@
+/**
+ * Connection bounds of one listener, below the request handlers so that every route inherits them:
+ * - `limits.connections`: open connections in all (Node's `maxConnections`: further ones are closed on accept);
+ * - `limits.connections_per_address`: open connections from one client address (the TCP peer; trusted proxies
+ *   are exempt, their clients are counted per request by the address rule); further ones are closed on accept;
+ * - `limits.pending_connections`: connections that have not yet sent a complete request head. Past it the
+ *   OLDEST such connection is closed to make room: a flood of silent or slow sockets evicts itself, while a real
+ *   client, which sends its request at once, gets through;
+ * - `limits.first_byte_timeout_seconds`: a connection that sent no byte by then is closed without an answer
+ *   (the headers timeout then covers a head that trickles).
+ * It also knows which connections have a request in flight, for the drain at shutdown.
+ */
+import type * as Http from "node:http"
+import type { Socket } from "node:net"
+import type { LimitsConfig } from "../config/GatewayConfig.js"
+import type { ClientAddresses } from "./ClientAddress.js"
+
+export interface ConnectionGuard {
+  /** Stops accepting work: idle connections are closed now, busy ones after their response. */
+  readonly drain: () => void
+  /** Connections not yet past their first request head (tests, metrics). */
+  readonly pending: () => number
+}
+
+/** How often pending connections are checked for their first byte. */
+const SWEEP_MS = 250
+
+export const guardConnections = (
+  server: Http.Server,
+  limits: LimitsConfig,
+  addresses: ClientAddresses,
+  warn: (message: string) => void
+): ConnectionGuard => {
+  server.maxConnections = limits.connections
+  const firstByteMs = limits.first_byte_timeout_seconds * 1000
+
+  // A warning per kind at most once a minute while connections are refused.
+  const lastWarning = new Map<string, number>()
+  const warnAtMostEveryMinute = (kind: string, message: string) => {
+    const now = Date.now()
+    if (now - (lastWarning.get(kind) ?? 0) < 60_000) return
+    lastWarning.set(kind, now)
+    warn(message)
+  }
+  server.on("drop", () =>
+    warnAtMostEveryMinute("cap", `connection cap of ${limits.connections} reached; refusing new connections`))
+
+  const sockets = new Set<Socket>()
+  const inFlight = new Map<Socket, number>()
+  /** Accepted, no request head yet; insertion order is age order. Value: when accepted. */
+  const pending = new Map<Socket, number>()
+  const perAddress = new Map<string, number>()
+  let draining = false
+
+  const sweep = setInterval(() => {
+    const now = Date.now()
+    for (const [socket, at] of pending) {
+      if (now - at < firstByteMs) break
+      if (socket.bytesRead === 0) socket.destroy()
+    }
+  }, SWEEP_MS)
+  sweep.unref()
+  server.once("close", () => clearInterval(sweep))
+
+  server.on("connection", (socket: Socket) => {
+    if (!addresses.isTrustedProxy(socket.remoteAddress)) {
+      const address = addresses.of(socket.remoteAddress, undefined)
+      const open = perAddress.get(address) ?? 0
+      if (open >= limits.connections_per_address) {
+        warnAtMostEveryMinute(
+          "address",
+          `connections from one address reached ${limits.connections_per_address}; refusing its new connections`
+        )
+        return void socket.destroy()
+      }
+      perAddress.set(address, open + 1)
+      socket.once("close", () => {
+        const left = (perAddress.get(address) ?? 1) - 1
+        if (left > 0) perAddress.set(address, left)
+        else perAddress.delete(address)
+      })
+    }
+    if (pending.size >= limits.pending_connections) {
+      const oldest = pending.keys().next().value!
+      pending.delete(oldest)
+      oldest.destroy()
+      warnAtMostEveryMinute(
+        "pending",
+        `${limits.pending_connections} connections without a request; closing the oldest to make room`
+      )
+    }
+    pending.set(socket, Date.now())
+    sockets.add(socket)
+    socket.once("close", () => {
+      pending.delete(socket)
+      sockets.delete(socket)
+      inFlight.delete(socket)
+    })
+  })
+
+  server.on("request", (request: Http.IncomingMessage, response: Http.ServerResponse) => {
+    const socket = request.socket
+    pending.delete(socket)
+    inFlight.set(socket, (inFlight.get(socket) ?? 0) + 1)
+    response.once("close", () => {
+      const left = (inFlight.get(socket) ?? 1) - 1
+      if (left > 0) return void inFlight.set(socket, left)
+      inFlight.delete(socket)
+      // The response is complete: end the connection after it, gracefully.
+      if (draining) socket.end()
+    })
+  })
+
+  return {
+    // Node's `closeIdleConnections` misses connections that never sent a request (clients and load balancers
+    // open spare ones) and connections whose response ends after the drain started; this closes both.
+    drain: () => {
+      draining = true
+      for (const socket of sockets) if (!inFlight.has(socket)) socket.destroy()
+    },
+    pending: () => pending.size
+  }
+}
