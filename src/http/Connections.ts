@@ -20,7 +20,16 @@ export interface ConnectionGuard {
   readonly drain: () => void
   /** Connections not yet past their first request head (tests, metrics). */
   readonly pending: () => number
+  /** Open connections counted against one client address. */
+  readonly openFrom: (address: string) => number
 }
+
+/** How long a connection closing after its answer stays open for the answer to be read. */
+export const ANSWER_LINGER_MS = 1000
+
+/** The response ends its connection: the request or the response said `Connection: close`. */
+const closesAfter = (response: Http.ServerResponse) =>
+  !response.shouldKeepAlive || (response as Http.ServerResponse & { readonly _last?: boolean })._last === true
 
 /** How often pending connections are checked for their first byte. */
 const SWEEP_MS = 250
@@ -62,6 +71,17 @@ export const guardConnections = (
   sweep.unref()
   server.once("close", () => clearInterval(sweep))
 
+  /** Sockets counted against an address, and which address; released once (closed, or closing after an answer). */
+  const counted = new Map<Socket, string>()
+  const release = (socket: Socket) => {
+    const address = counted.get(socket)
+    if (address === undefined) return
+    counted.delete(socket)
+    const left = (perAddress.get(address) ?? 1) - 1
+    if (left > 0) perAddress.set(address, left)
+    else perAddress.delete(address)
+  }
+
   server.on("connection", (socket: Socket) => {
     if (!addresses.isTrustedProxy(socket.remoteAddress)) {
       const address = addresses.of(socket.remoteAddress, undefined)
@@ -74,11 +94,7 @@ export const guardConnections = (
         return void socket.destroy()
       }
       perAddress.set(address, open + 1)
-      socket.once("close", () => {
-        const left = (perAddress.get(address) ?? 1) - 1
-        if (left > 0) perAddress.set(address, left)
-        else perAddress.delete(address)
-      })
+      counted.set(socket, address)
     }
     if (pending.size >= limits.pending_connections) {
       const oldest = pending.keys().next().value!
@@ -92,6 +108,7 @@ export const guardConnections = (
     pending.set(socket, Date.now())
     sockets.add(socket)
     socket.once("close", () => {
+      release(socket)
       pending.delete(socket)
       sockets.delete(socket)
       inFlight.delete(socket)
@@ -102,6 +119,14 @@ export const guardConnections = (
     const socket = request.socket
     pending.delete(socket)
     inFlight.set(socket, (inFlight.get(socket) ?? 0) + 1)
+    response.once("finish", () => {
+      if (!closesAfter(response)) return
+      // The server is done with this connection: it no longer counts against its client, and it is destroyed
+      // shortly, also when the client never closes its side or stops reading (a refused body left unread
+      // fills the socket's buffers, and the client's FIN waits behind them forever).
+      release(socket)
+      setTimeout(() => socket.destroy(), ANSWER_LINGER_MS).unref()
+    })
     response.once("close", () => {
       const left = (inFlight.get(socket) ?? 1) - 1
       if (left > 0) return void inFlight.set(socket, left)
@@ -118,6 +143,7 @@ export const guardConnections = (
       draining = true
       for (const socket of sockets) if (!inFlight.has(socket)) socket.destroy()
     },
-    pending: () => pending.size
+    pending: () => pending.size,
+    openFrom: (address) => perAddress.get(address) ?? 0
   }
 }

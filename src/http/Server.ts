@@ -11,7 +11,7 @@ import { inferenceBody } from "../errors/Render.js"
 import { declaredOver } from "./Body.js"
 import * as CallbackFibers from "./CallbackFibers.js"
 import * as ClientAddress from "./ClientAddress.js"
-import { guardConnections } from "./Connections.js"
+import { ANSWER_LINGER_MS, guardConnections } from "./Connections.js"
 import { defectCode, newRequestId, REQUEST_ID_HEADER } from "./Respond.js"
 
 /**
@@ -154,9 +154,6 @@ const refuseOversizedContinue = (server: Http.Server, limitBytes: number) =>
  * within the timeouts) get the inference error envelope with a Korean message instead of Node's bare status line.
  * The connection is closed, and destroyed shortly after: its remaining bytes cannot be trusted.
  */
-/** How long a connection answered by `answerClientErrors` stays open for its answer to be read. */
-const ANSWER_LINGER_MS = 1000
-
 const answerClientErrors = (server: Http.Server) =>
   server.on("clientError", (error: NodeJS.ErrnoException, socket: Duplex) => {
     // A response already under way (or a socket that went away) cannot take another status line.

@@ -38,9 +38,24 @@ export const parseHead = (raw: Buffer): RawResponse | null => {
   return { status, headers, body: raw.subarray(end + 4).toString("utf8") }
 }
 
-export const connect = (port: number): Promise<RawConnection> =>
+export interface ConnectOptions {
+  /** Source address (any of 127.0.0.0/8 on loopback): another client, as the server sees it. */
+  readonly from?: string
+  /**
+   * Keep our side open after the server ends its side, as a hostile client does: the connection is gone only
+   * once the server destroys it.
+   */
+  readonly holdOpen?: boolean
+}
+
+export const connect = (port: number, options: ConnectOptions = {}): Promise<RawConnection> =>
   new Promise((resolve, reject) => {
-    const socket = Net.connect({ host: "127.0.0.1", port })
+    const socket = Net.connect({
+      host: "127.0.0.1",
+      port,
+      ...(options.from ? { localAddress: options.from } : {}),
+      allowHalfOpen: options.holdOpen === true
+    })
     let data = Buffer.alloc(0)
     let sent = 0
     const listeners = new Set<() => void>()
