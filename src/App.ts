@@ -19,6 +19,7 @@ import { openApiRoute } from "./inference/OpenApi.js"
 import type { Admission } from "./quota/Admission.js"
 import * as AdmissionLayer from "./quota/layer.js"
 import * as Sql from "./store/Sql.js"
+import * as GatewayLogger from "./telemetry/GatewayLogger.js"
 import * as RequestLog from "./telemetry/RequestLog.js"
 import * as Upstreams from "./upstream/Upstreams.js"
 
@@ -86,6 +87,8 @@ const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live
 export interface AppOptions {
   /** Replaces the admission engine chosen from config (tests). */
   readonly admission?: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings>
+  /** Where log lines go (default: stdout); tests keep them. */
+  readonly logSink?: GatewayLogger.LineSink
 }
 
 /** Everything except the HTTP listeners: config, storage, services. */
@@ -106,9 +109,13 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
   return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))
 }
 
+/**
+ * The whole gateway. Everything in it logs through the gateway logger (`telemetry/GatewayLogger.ts`: one escaped,
+ * bounded line per call), provided underneath so that fibers started while building inherit it.
+ */
 export const appLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
   const services = servicesLayer(config, configPath, options)
   const server = Server.layer({ inference: inferenceRouter, account: accountRouter, status: statusRouter })
-  return Layer.provideMerge(server, services)
+  return Layer.provideMerge(Layer.provideMerge(server, services), GatewayLogger.layer(options.logSink))
 }
 
