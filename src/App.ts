@@ -89,6 +89,8 @@ export interface AppOptions {
   readonly admission?: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings>
   /** Where log lines go (default: stdout); tests keep them. */
   readonly logSink?: GatewayLogger.LineSink
+  /** The BYOK address guard's resolver and TLS roots (tests: names that resolve where they say). */
+  readonly byokGuard?: Byok.GuardExtras
 }
 
 /** Everything except the HTTP listeners: config, storage, services. */
@@ -102,7 +104,7 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     FailedRequests.layer,
     upstreamsLayer,
     admission,
-    Byok.layer,
+    options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
     CredentialsRepo.layer
   )
   // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.

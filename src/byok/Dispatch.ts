@@ -19,7 +19,7 @@ import { HttpTransport } from "../upstream/http/Transport.js"
 import { openAiChatCodecWith } from "../upstream/openai-compatible/Chat.js"
 import { openAiEmbedWith } from "../upstream/openai-compatible/Embeddings.js"
 import { type UpstreamAdapter, UpstreamError } from "../upstream/Upstream.js"
-import type { AddressGuard, Refusal } from "./AddressGuard.js"
+import { type AddressGuard, type Refusal, refusal } from "./AddressGuard.js"
 import type { ByokConfig } from "./Config.js"
 import {
   type AuthScheme,
@@ -128,7 +128,7 @@ export const credentialAdapter = (
     try {
       origin = new URL(base).origin
     } catch {
-      return { kind: "invalid_url", message: "", detail: "operator base URL" }
+      return refusal("invalid_url", "operator base URL")
     }
   } else {
     const checked = guard.check(base)

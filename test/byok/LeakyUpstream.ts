@@ -14,6 +14,7 @@
  * valid key: `ok`, `s500`, `garbage` or `hang`.
  */
 import * as Http from "node:http"
+import * as Https from "node:https"
 import type { AddressInfo } from "node:net"
 import { FakeEvents } from "../support/FakeAnthropic.js"
 
@@ -36,6 +37,7 @@ export type ListingMode = "ok" | "s500" | "garbage" | "hang"
 
 export interface LeakyUpstream {
   readonly origin: string
+  readonly port: number
   readonly valid: Set<string>
   listing: ListingMode
   readonly close: () => Promise<void>
@@ -54,10 +56,13 @@ const chunk = (content: string) =>
 
 const event = (e: { readonly type: string }) => `event: ${e.type}\ndata: ${JSON.stringify(e)}\n\n`
 
-export const startLeakyUpstream = async (): Promise<LeakyUpstream> => {
+/** `tls`: serve https with this key and certificate instead of plain http. */
+export const startLeakyUpstream = async (
+  options: { readonly tls?: { readonly key: Buffer; readonly cert: Buffer } } = {}
+): Promise<LeakyUpstream> => {
   const valid = new Set<string>()
   const state: { listing: ListingMode } = { listing: "ok" }
-  const server = Http.createServer((req, res) => {
+  const handler: Http.RequestListener = (req, res) => {
     const chunks: Array<Buffer> = []
     req.on("data", (c: Buffer) => chunks.push(c))
     req.on("end", () => {
@@ -199,10 +204,13 @@ export const startLeakyUpstream = async (): Promise<LeakyUpstream> => {
           }
       ))
     })
-  })
+  }
+  const server = options.tls ? Https.createServer(options.tls, handler) : Http.createServer(handler)
   await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve))
+  const port = (server.address() as AddressInfo).port
   return {
-    origin: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    origin: `${options.tls ? "https" : "http"}://127.0.0.1:${port}`,
+    port,
     valid,
     get listing() {
       return state.listing

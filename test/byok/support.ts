@@ -73,6 +73,7 @@ export const startCapturingGateway = async (options: {
   readonly configure?: (doc: ConfigDoc) => void
   readonly databaseUrl?: string
   readonly admission?: AppOptions["admission"]
+  readonly byokGuard?: AppOptions["byokGuard"]
 }): Promise<CapturingGateway> => {
   const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-byok-"))
   const configPath = Path.join(dir, "gateway.yaml")
@@ -91,6 +92,7 @@ export const startCapturingGateway = async (options: {
   // The lines exactly as the gateway's logger writes them (message, annotations and cause).
   const runtime = ManagedRuntime.make(appLayer(config, path, {
     ...(options.admission ? { admission: options.admission } : {}),
+    ...(options.byokGuard ? { byokGuard: options.byokGuard } : {}),
     logSink: (line) => void logs.push(line)
   }))
   const key = await runtime.runPromise(ensureDevAccount)
