@@ -8,6 +8,7 @@
  */
 import { type Duration, Effect } from "effect"
 import type { AnthropicProvider } from "../../config/GatewayConfig.js"
+import { secretRedactor } from "../../telemetry/LogText.js"
 import { openChat } from "../http/ChatCall.js"
 import type { ChatCodec, ChatDecoder } from "../http/Codec.js"
 import { HttpTransport } from "../http/Transport.js"
@@ -15,7 +16,6 @@ import { type UpstreamAdapter, UpstreamError } from "../Upstream.js"
 import { decodeResponse, StreamDecoder } from "./Decode.js"
 import { encodeRequest, type EncodeOptions, MESSAGES_PATH } from "./Encode.js"
 import { mapError, type Secrets } from "./Errors.js"
-import { secretRedactor } from "../../telemetry/LogText.js"
 
 export type AnthropicProviderConfig = typeof AnthropicProvider.Type
 
