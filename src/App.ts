@@ -19,6 +19,7 @@ import { openApiRoute } from "./inference/OpenApi.js"
 import type { Admission } from "./quota/Admission.js"
 import * as AdmissionLayer from "./quota/layer.js"
 import * as Sql from "./store/Sql.js"
+import * as GatewayLogger from "./telemetry/GatewayLogger.js"
 import * as RequestLog from "./telemetry/RequestLog.js"
 import * as Upstreams from "./upstream/Upstreams.js"
 
@@ -86,6 +87,10 @@ const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live
 export interface AppOptions {
   /** Replaces the admission engine chosen from config (tests). */
   readonly admission?: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings>
+  /** Where log lines go (default: stdout); tests keep them. */
+  readonly logSink?: GatewayLogger.LineSink
+  /** The BYOK address guard's resolver and TLS roots (tests: names that resolve where they say). */
+  readonly byokGuard?: Byok.GuardExtras
 }
 
 /** Everything except the HTTP listeners: config, storage, services. */
@@ -99,16 +104,20 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     FailedRequests.layer,
     upstreamsLayer,
     admission,
-    Byok.layer,
+    options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
     CredentialsRepo.layer
   )
   // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
   return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))
 }
 
+/**
+ * The whole gateway. Everything in it logs through the gateway logger (`telemetry/GatewayLogger.ts`: one escaped,
+ * bounded line per call), provided underneath so that fibers started while building inherit it.
+ */
 export const appLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
   const services = servicesLayer(config, configPath, options)
   const server = Server.layer({ inference: inferenceRouter, account: accountRouter, status: statusRouter })
-  return Layer.provideMerge(server, services)
+  return Layer.provideMerge(Layer.provideMerge(server, services), GatewayLogger.layer(options.logSink))
 }
 

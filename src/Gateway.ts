@@ -5,6 +5,8 @@ import { appLayer, bootstrapDevAccount } from "./App.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
 import { ConfigLoadError, loadConfig, parseFlags } from "./config/GatewayConfig.js"
 import { BoundListeners } from "./http/Server.js"
+import * as GatewayLogger from "./telemetry/GatewayLogger.js"
+import { escapeControl } from "./telemetry/LogText.js"
 
 // Everything the gateway creates (data folder, database files, key file, socket) is owner-only.
 process.umask(0o077)
@@ -22,7 +24,7 @@ const loadBootConfig = Effect.suspend(() => {
 /** A bad config, flag or env variable: one line naming it, exit code 2. */
 const configFailure = (error: ConfigLoadError) =>
   Effect.sync(() => {
-    process.stderr.write(`wellspring: ${error.message}\n`)
+    process.stderr.write(`wellspring: ${escapeControl(error.message)}\n`)
     return process.exit(2)
   })
 
@@ -50,7 +52,7 @@ const bootFailure = (error: unknown) =>
     const message = error instanceof Error || (typeof error === "object" && error !== null && "message" in error)
       ? String((error as { message: unknown }).message)
       : String(error)
-    process.stderr.write(`wellspring: cannot start: ${message}\n`)
+    process.stderr.write(`wellspring: cannot start: ${escapeControl(message)}\n`)
     return process.exit(1)
   })
 
@@ -72,5 +74,6 @@ const program = Effect.gen(function*() {
 
 program.pipe(
   Effect.tapDefect((defect) => Effect.logError("gateway stopped", defect)),
+  Effect.provide(GatewayLogger.layer()),
   NodeRuntime.runMain({ disableErrorReporting: true, teardown })
 )

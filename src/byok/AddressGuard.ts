@@ -17,12 +17,18 @@
  * refusal). Origins on the operator's allow-list skip the scheme and address checks (test fakes, a trusted
  * internal model server); `allowedCidrs` admits chosen private ranges and nothing else.
  *
- * Refusals carry a machine `kind` and a Korean message; neither ever repeats the URL.
+ * Refusals carry a detailed `kind` with a `detail` (for the operator's log) and what the user is told: a `code`
+ * and its Korean message, neither ever repeating the URL. Everything that depends on where the URL leads (a
+ * blocked name, a private or metadata address, a name resolving to one, a name that does not resolve) is one
+ * code, `address_not_allowed`, so that answers never tell whether a name resolved or to what (issue 16). Only the
+ * URL's own text (its form, scheme, userinfo) and a provider's redirect have codes of their own.
  */
 import * as Dns from "node:dns"
 import * as Net from "node:net"
 import ipaddr from "ipaddr.js"
 import { Agent, buildConnector, type Dispatcher } from "undici"
+import { Catalog } from "../errors/Catalog.js"
+import { ADDRESS_REFUSED } from "../upstream/http/Transport.js"
 
 export type RefusalKind =
   | "invalid_url"
@@ -32,21 +38,38 @@ export type RefusalKind =
   | "private_address"
   | "metadata_address"
   | "resolves_to_private"
+  | "unresolvable"
   | "redirect"
 
-export const REFUSAL_MESSAGES: Readonly<Record<RefusalKind, string>> = {
+/** What a user is told about a refusal. */
+export type RefusalCode = "invalid_url" | "insecure_scheme" | "userinfo" | "redirect" | "address_not_allowed"
+
+const CODES: Readonly<Record<RefusalKind, RefusalCode>> = {
+  invalid_url: "invalid_url",
+  insecure_scheme: "insecure_scheme",
+  userinfo: "userinfo",
+  redirect: "redirect",
+  blocked_name: "address_not_allowed",
+  private_address: "address_not_allowed",
+  metadata_address: "address_not_allowed",
+  resolves_to_private: "address_not_allowed",
+  unresolvable: "address_not_allowed"
+}
+
+export const REFUSAL_MESSAGES: Readonly<Record<RefusalCode, string>> = {
   invalid_url: "주소 형식이 올바르지 않습니다. https://호스트/경로 형식의 주소를 입력하세요.",
   insecure_scheme: "https 주소만 사용할 수 있습니다.",
   userinfo: "주소에 사용자 정보(@ 앞부분)를 넣을 수 없습니다.",
-  blocked_name: "내부용 호스트 이름에는 연결할 수 없습니다.",
-  private_address: "사설망·루프백 등 내부 네트워크 주소에는 연결할 수 없습니다.",
-  metadata_address: "클라우드 메타데이터 주소에는 연결할 수 없습니다.",
-  resolves_to_private: "호스트 이름이 내부 네트워크 주소로 해석되어 연결하지 않았습니다.",
-  redirect: "공급자가 다른 주소로 리디렉션했습니다. 리디렉션은 따라가지 않습니다."
+  redirect: "공급자가 다른 주소로 리디렉션했습니다. 리디렉션은 따라가지 않습니다.",
+  // The chat answer through a credential says the same (one message wherever it is shown).
+  address_not_allowed: Catalog.address_not_allowed.message
 }
 
 export interface Refusal {
+  /** Why, for the operator's log (and tests); never shown to the user. */
   readonly kind: RefusalKind
+  /** What the user is told (`address_not_allowed` for every refusal about where the URL leads). */
+  readonly code: RefusalCode
   readonly message: string
   /** For logs and tests only (e.g. the address range `loopback`); never contains the URL. */
   readonly detail: string
@@ -54,14 +77,15 @@ export interface Refusal {
 
 export const refusal = (kind: RefusalKind, detail: string): Refusal => ({
   kind,
-  message: REFUSAL_MESSAGES[kind],
+  code: CODES[kind],
+  message: REFUSAL_MESSAGES[CODES[kind]],
   detail
 })
 
 /** A refusal raised inside the transport (connect-time checks), so undici fails the request with it. */
 export class AddressRefusedError extends Error {
   override readonly name = "AddressRefusedError"
-  readonly code = "WS_ADDRESS_REFUSED"
+  readonly code = ADDRESS_REFUSED
   constructor(readonly refusal: Refusal) {
     super(`address refused: ${refusal.kind} (${refusal.detail})`)
   }
@@ -296,16 +320,27 @@ export const systemResolver: Resolver = (hostname) =>
     all.map((a) => ({ address: a.address, family: a.family === 6 ? 6 : 4 }))
   )
 
-/** Resolves and checks every answer; fails with `AddressRefusedError` when any answer is refused. */
+const codeOf = (error: unknown): string => {
+  const code = (error as { code?: unknown } | null)?.code
+  return typeof code === "string" ? code : "error"
+}
+
+/**
+ * Resolves and checks every answer; fails with `AddressRefusedError` when any answer is refused, and when the
+ * name does not resolve (`unresolvable`: answered like a private address, see the module comment).
+ */
 export const resolveChecked = async (
   policy: GuardPolicy,
   resolver: Resolver,
   hostname: string
 ): Promise<ReadonlyArray<ResolvedAddress>> => {
-  const answers = await resolver(hostname)
-  if (answers.length === 0) {
-    throw Object.assign(new Error(`no address for the host`), { code: "ENOTFOUND" })
+  let answers: ReadonlyArray<ResolvedAddress>
+  try {
+    answers = await resolver(hostname)
+  } catch (error) {
+    throw new AddressRefusedError(refusal("unresolvable", codeOf(error)))
   }
+  if (answers.length === 0) throw new AddressRefusedError(refusal("unresolvable", "no address"))
   for (const answer of answers) {
     const ip = parseAddress(answer.address)
     const verdict: AddressVerdict = ip === null
@@ -374,8 +409,10 @@ export interface AddressGuard {
   /** An Agent without address checks, for operator-configured origins only. Never follows redirects. */
   readonly trustedDispatcher: Dispatcher
   /**
-   * One request: static check, then the guarded transport. A 3xx answer is a `redirect` refusal (its body is
-   * discarded). Transport errors (timeouts, resets, DNS failures) reject the promise as they are.
+   * One request: static check, then the guarded transport, on a connection of its own (closed after it, so every
+   * request resolves and checks the name again). A 3xx answer is a `redirect` refusal (its body is discarded). A
+   * name that does not resolve is an `unresolvable` refusal; other transport errors (timeouts, resets) reject the
+   * promise as they are.
    */
   readonly request: (request: GuardRequest) => Promise<GuardedResult>
   readonly close: () => Promise<void>
@@ -396,7 +433,7 @@ export const makeAddressGuard = (options: GuardOptions = {}): AddressGuard => {
         const wanted = lookupOptions.family === 4 || lookupOptions.family === 6 ? lookupOptions.family : 0
         const usable = wanted === 0 ? answers : answers.filter((a) => a.family === wanted)
         if (usable.length === 0) {
-          callback(Object.assign(new Error("no address of the wanted family"), { code: "ENOTFOUND" }), "", 0)
+          callback(new AddressRefusedError(refusal("unresolvable", `no IPv${wanted} address`)), "", 0)
         } else if (lookupOptions.all) {
           callback(null, usable.map((a) => ({ address: a.address, family: a.family })))
         } else {
@@ -481,7 +518,8 @@ export const makeAddressGuard = (options: GuardOptions = {}): AddressGuard => {
         method: req.method ?? "GET",
         headers: req.headers ?? {},
         body: req.body ?? null,
-        signal: req.signal ?? null
+        signal: req.signal ?? null,
+        reset: true
       })
       if (response.statusCode >= 300 && response.statusCode < 400) {
         response.body.dump().catch(() => undefined)

@@ -12,7 +12,7 @@ import { Context, Duration, Effect, Layer, Schedule } from "effect"
 import * as Fs from "node:fs"
 import { readByokSection } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
-import type { AddressGuard } from "./AddressGuard.js"
+import type { AddressGuard, GuardOptions } from "./AddressGuard.js"
 import { type ByokConfig, type ByokSwitch, decodeByokConfig, resolveByok } from "./Config.js"
 import { makeByokGuard } from "./Probe.js"
 import { makeProviderCatalog, type ProviderCatalog } from "./Providers.js"
@@ -37,13 +37,14 @@ const fileStamp = (path: string): string | null => {
   }
 }
 
-export const make = Effect.gen(function*() {
+/** `extra`: the guard's resolver and TLS roots (tests; the system's otherwise). */
+export const make = (extra: GuardExtras = {}) => Effect.gen(function*() {
   const settings = yield* Settings
   const config = settings.config.byok
   const byokSwitch = resolveByok(config, { embedded: settings.embedded, dataDir: settings.config.data_dir })
   if (!byokSwitch.enabled) yield* Effect.logInfo("BYOK is off").pipe(Effect.annotateLogs("reason", byokSwitch.reason))
   const guard = yield* Effect.acquireRelease(
-    Effect.sync(() => makeByokGuard(config)),
+    Effect.sync(() => makeByokGuard(config, extra)),
     (g) => Effect.promise(() => g.close())
   )
   let live = config
@@ -95,4 +96,8 @@ export const make = Effect.gen(function*() {
   })
 })
 
-export const layer = Layer.effect(Byok, make)
+export type GuardExtras = Pick<GuardOptions, "resolver" | "tls">
+
+export const layer = Layer.effect(Byok, make())
+
+export const layerWith = (extra: GuardExtras) => Layer.effect(Byok, make(extra))

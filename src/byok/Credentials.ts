@@ -221,7 +221,13 @@ export const make: Effect.Effect<Context.Service.Shape<typeof Credentials>, neve
         const meta = openMeta(key, row.id, row.meta_ciphertext)
         if (secret === null || meta === null) return Exit.fail(missing("credential cannot be opened"))
         const built = credentialAdapter(transports, byok.guard, { provider, scheme, secret, meta })
-        if (isRefusal(built)) return Exit.fail(missing(`base URL refused: ${built.kind}`))
+        if (isRefusal(built)) {
+          // Where the URL leads is one answer (`address_not_allowed`); the kind is for the log only.
+          const detail = `base URL refused: ${built.kind} (${built.detail})`
+          return Exit.fail(
+            built.code === "address_not_allowed" ? fail("address_not_allowed", { detail }) : missing(detail)
+          )
+        }
         state.adapter = built
         state.catalog = catalog
       }

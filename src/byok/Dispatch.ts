@@ -6,18 +6,20 @@
  *   its headers. A user-shaped origin (custom base URL, Azure resource) connects through the address guard's
  *   connector, which checks every resolved address at connect time; only a provider's operator-configured origin
  *   connects without it. Redirects are never followed (a 3xx is an upstream failure).
- * - Secrets: the secret lives in the header set of the adapter and nowhere else; every upstream failure leaving an
- *   adapter has the secret removed from its detail (providers echo rejected keys).
+ * - Secrets: the secret lives in the header set of the adapter and nowhere else. Providers echo rejected keys, in
+ *   whole or in pieces: the codecs remove every run of 6 characters of the secret from upstream text before they
+ *   bound it (`telemetry/LogText.ts`), and every failure leaving the adapter is redacted once more.
  */
 import { Effect } from "effect"
 import type { Timeouts } from "../config/GatewayConfig.js"
+import { type Redactor, secretRedactor } from "../telemetry/LogText.js"
 import { anthropicChatCodec, anthropicEmbed } from "../upstream/anthropic/Adapter.js"
 import { openChat } from "../upstream/http/ChatCall.js"
 import { HttpTransport } from "../upstream/http/Transport.js"
 import { openAiChatCodecWith } from "../upstream/openai-compatible/Chat.js"
 import { openAiEmbedWith } from "../upstream/openai-compatible/Embeddings.js"
 import { type UpstreamAdapter, UpstreamError } from "../upstream/Upstream.js"
-import type { AddressGuard, Refusal } from "./AddressGuard.js"
+import { type AddressGuard, type Refusal, refusal } from "./AddressGuard.js"
 import type { ByokConfig } from "./Config.js"
 import {
   type AuthScheme,
@@ -43,14 +45,6 @@ export const MAX_ORIGINS = 256
 /** `scheme://host[:port]` exactly as written at the start of `url` (what a request URL is sliced after). */
 const rawOriginOf = (url: string): string => /^[a-z][a-z0-9+.-]*:\/\/[^/?#]*/i.exec(url)?.[0] ?? ""
 
-/** Removes every occurrence of the secret (and of its first 24 characters: partial echoes) from upstream text. */
-export const redactSecret = (text: string, secret: string): string => {
-  let out = text
-  if (secret.length >= 8) out = out.split(secret).join("[redacted]")
-  if (secret.length > 24) out = out.split(secret.slice(0, 24)).join("[redacted]")
-  return out
-}
-
 /** `open` with every failure redacted, before it resolves (`mapError`) and after (the sink's `onError`). */
 const redactedOpen = (open: UpstreamAdapter["open"], mapError: (e: UpstreamError) => UpstreamError): UpstreamAdapter["open"] =>
   (request, sink) =>
@@ -63,8 +57,8 @@ const redactedOpen = (open: UpstreamAdapter["open"], mapError: (e: UpstreamError
       mapError
     )
 
-const redactError = (secret: string) => (error: UpstreamError): UpstreamError => {
-  const detail = redactSecret(error.detail, secret)
+const redactError = (redact: Redactor) => (error: UpstreamError): UpstreamError => {
+  const detail = redact(error.detail)
   return detail === error.detail
     ? error
     : new UpstreamError({
@@ -134,7 +128,7 @@ export const credentialAdapter = (
     try {
       origin = new URL(base).origin
     } catch {
-      return { kind: "invalid_url", message: "", detail: "operator base URL" }
+      return refusal("invalid_url", "operator base URL")
     }
   } else {
     const checked = guard.check(base)
@@ -148,7 +142,11 @@ export const credentialAdapter = (
   }
   const transport = transports.get(origin, trusted)
   const credentialHeaders = requestHeaders(provider, scheme, secret, meta)
-  const mapError = redactError(secret)
+  const redact = secretRedactor([secret])
+  const mapError = redactError(redact)
+  /** Every embeddings failure redacted too (transport failures included). */
+  const redactedEmbed = (embed: UpstreamAdapter["embed"]): UpstreamAdapter["embed"] => (model, input) =>
+    Effect.mapError(embed(model, input), mapError)
 
   if (provider.wire === "anthropic") {
     const codec = anthropicChatCodec(
@@ -169,7 +167,8 @@ export const credentialAdapter = (
       sseHeaders: headers("text/event-stream"),
       jsonHeaders: headers("application/json"),
       maxTokensField: provider.id === "openai" ? "max_completion_tokens" : "max_tokens",
-      mapError
+      mapError,
+      redact
     })
   )
   const embedPath = provider.embeddingsPath === null ? null : pathOf("embeddings")
@@ -177,7 +176,7 @@ export const credentialAdapter = (
     open: redactedOpen(open, mapError),
     embed: embedPath === null
       ? anthropicEmbed
-      : openAiEmbedWith(transport, embedPath, headers("application/json"), mapError)
+      : redactedEmbed(openAiEmbedWith(transport, embedPath, headers("application/json"), mapError, redact))
   }
 }
 

@@ -4,14 +4,15 @@
  *
  * The `kind` is the spec's probe code (verify answers it with HTTP 200 `ok: false`; save answers 400 with it as
  * `code`). The message is Korean and fixed per kind: nothing the provider answered is ever repeated (a custom
- * endpoint could echo the key), and neither is the URL.
+ * endpoint could echo the key), and neither is the URL. An address guard refusal is its public `code`
+ * (`address_not_allowed` for anything about where the URL leads); its detailed kind goes to `detail`.
  *
  * The whole probe (connect, answer, body) runs under one timeout on the Effect clock; interruption (the timeout,
  * a client that went away) aborts the request.
  */
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
-import { type AddressGuard, type GuardOptions, makeAddressGuard, type RefusalKind } from "./AddressGuard.js"
+import { type AddressGuard, type GuardOptions, makeAddressGuard, type Refusal, type RefusalCode } from "./AddressGuard.js"
 import type { ByokConfig } from "./Config.js"
 import {
   type AuthScheme,
@@ -26,7 +27,7 @@ import {
 } from "./Providers.js"
 
 export type ProbeFailureKind =
-  | RefusalKind
+  | RefusalCode
   | "auth_failed"
   | "permission_denied"
   | "not_found"
@@ -38,7 +39,7 @@ export type ProbeFailureKind =
   | "tls_error"
   | "bad_response"
 
-export const PROBE_MESSAGES: Readonly<Record<Exclude<ProbeFailureKind, RefusalKind>, string>> = {
+export const PROBE_MESSAGES: Readonly<Record<Exclude<ProbeFailureKind, RefusalCode>, string>> = {
   auth_failed: "공급자가 API 키를 거부했습니다(인증 실패). 키를 확인하세요.",
   permission_denied: "이 키로는 해당 공급자 기능을 사용할 권한이 없습니다.",
   not_found: "공급자에서 요청한 경로를 찾지 못했습니다. 주소, 리소스 이름, API 버전을 확인하세요.",
@@ -59,6 +60,9 @@ export interface ProbeFailure {
   /** For logs only (HTTP status, error code, refusal detail); never provider text, never a secret or URL. */
   readonly detail: string
 }
+
+/** A guard refusal as a probe failure: the user sees its code, the log its kind and detail. */
+const refused = (r: Refusal): ProbeFailure => failure(r.code, `${r.kind}: ${r.detail}`, r.message)
 
 export interface ProbeSuccess {
   readonly ok: true
@@ -155,9 +159,7 @@ const exchange = (
     try {
       const trusted = isOperatorUrl(provider, url)
       const result = await guard.request({ url, headers, signal, allowQuery: true, trusted })
-      if (!result.ok) {
-        return { _tag: "Failed", failure: failure(result.refusal.kind, result.refusal.detail, result.refusal.message) }
-      }
+      if (!result.ok) return { _tag: "Failed", failure: refused(result.refusal) }
       const { statusCode, body } = result.response
       if (statusCode < 200 || statusCode >= 300) {
         const text = (await readBounded(body, MAX_ERROR_BYTES).catch(() => null)) ?? ""
@@ -202,7 +204,7 @@ const checkBase = (guard: AddressGuard, credential: ProbeCredential): ProbeFailu
   const base = resolveBaseUrl(credential.provider, credential.meta)
   if (!base.userShaped || isOperatorUrl(credential.provider, base.url)) return null
   const check = guard.check(base.url)
-  return check.ok ? null : failure(check.refusal.kind, check.refusal.detail, check.refusal.message)
+  return check.ok ? null : refused(check.refusal)
 }
 
 const withTimeout = <A extends { readonly ok: boolean }>(effect: Effect.Effect<A>, timeoutMs: number) =>

@@ -93,6 +93,15 @@ const raw = {
     400,
     "invalid_request_error",
     "공급자가 등록된 API 키를 거부했습니다. 자격 증명을 확인한 뒤 모델 목록을 다시 불러와 주세요."
+  ),
+  /**
+   * A user's URL leads somewhere the address guard refuses (issue 16: one answer, whatever the reason): the BYOK
+   * API's probe code of the same name says the same.
+   */
+  address_not_allowed: entry(
+    400,
+    "invalid_request_error",
+    "허용되지 않는 주소입니다. 공개된 https 주소만 사용할 수 있습니다."
   )
 } as const satisfies Record<string, Entry>
 
@@ -252,7 +261,8 @@ const stages: { readonly [K in Code]: ReadonlyArray<InferenceStage> } = {
   byok_credential_missing: ["chat_request", "embeddings_request"],
   byok_credential_conflict: [],
   byok_upstream_error: [],
-  byok_credential_rejected: ["chat_request", "embeddings_request", "upstream"]
+  byok_credential_rejected: ["chat_request", "embeddings_request", "upstream"],
+  address_not_allowed: ["chat_request", "embeddings_request", "upstream"]
 }
 
 /** The codes answered at any of these stages, in catalog order. */

@@ -269,9 +269,10 @@ export class Exchange implements RowSource {
       const error = completion.status === "failed" ? completion.error : undefined
       // The row's `error` is shown to the account (`recentRequests`): a server-side failure records its code and
       // status only; its detail (upstream answer text, addresses) goes to the log, as `detail` is meant to.
-      // So is an upstream's refusal text (4xx), whatever its status.
+      // So is an upstream's refusal text (4xx), whatever its status, and why the address guard refused a user's URL
+      // (the answer never says whether a name resolved, nor to what).
       const detailIsPrivate = error !== undefined && error.detail !== undefined &&
-        (error.status >= 500 || isUpstreamFailure(error))
+        (error.status >= 500 || isUpstreamFailure(error) || error.code === "address_not_allowed")
       return (detailIsPrivate ? Effect.logWarning("request failed", error.detail) : Effect.void).pipe(
         Effect.andThen(settle),
         Effect.map((settled) => {

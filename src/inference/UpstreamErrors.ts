@@ -11,6 +11,7 @@
  * | 400, 404, 409, 413, 422 otherwise                     | 400 upstream_rejected                    |
  * | 401, 403, any other 4xx (our credentials or route)    | 500 upstream_error, x-should-retry: false|
  * | 5xx, unreadable answer                                | 500 upstream_error (retryable)           |
+ * | BYOK: the address guard refused the connection        | 400 address_not_allowed                  |
  *
  * Through a user's credential (BYOK) a 401 or 403 (or a 400 about the key) is 400 `byok_credential_rejected`.
  */
@@ -54,6 +55,8 @@ const classify = (error: UpstreamError, detail: string): GatewayError => {
       return fail("upstream_rate_limited", { detail, retryAfter: 5 })
     case "protocol":
       return fail("upstream_error", { detail })
+    case "address":
+      return fail("address_not_allowed", { detail })
     case "status": {
       const status = error.status ?? 500
       if (status >= 500) return fail("upstream_error", { detail })
@@ -90,6 +93,8 @@ export const dispatchFailureKind = (error: UpstreamError): ProbeFailureKind => {
       return "network_error"
     case "protocol":
       return "bad_response"
+    case "address":
+      return "address_not_allowed"
   }
 }
 

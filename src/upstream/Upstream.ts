@@ -59,9 +59,10 @@ export type UpstreamEvent =
  *   refusal -> 400 input_too_long, other 400/404/409/413/422 -> 400 upstream_rejected, 401/403 -> 500
  *   upstream_error that SDKs must not retry, 5xx -> 500 upstream_error)
  * - `protocol`: unparseable answer (500 upstream_error)
+ * - `address`: the BYOK address guard refused the connection (where a user's URL leads; 400 address_not_allowed)
  */
 export class UpstreamError extends Data.TaggedError("UpstreamError")<{
-  readonly kind: "connect" | "timeout" | "rate_limited" | "status" | "protocol"
+  readonly kind: "connect" | "timeout" | "rate_limited" | "status" | "protocol" | "address"
   readonly status?: number
   readonly detail: string
   /** Usage the upstream had reported before the failure (a stream cut after its usage chunk). */

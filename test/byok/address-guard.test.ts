@@ -122,7 +122,10 @@ describe("static check: the issue's table", () => {
       if (result.ok) return
       expect(result.refusal.kind).toBe(kind)
       if (detail !== undefined) expect(result.refusal.detail).toBe(detail)
-      expect(result.refusal.message).toBe(REFUSAL_MESSAGES[kind])
+      // What the user is told: the URL's own faults apart, one code for wherever it leads (issue 16).
+      const code = ["invalid_url", "insecure_scheme", "userinfo"].includes(kind) ? kind : "address_not_allowed"
+      expect(result.refusal.code).toBe(code)
+      expect(result.refusal.message).toBe(REFUSAL_MESSAGES[result.refusal.code])
       // The refusal never repeats the URL, nor its host.
       const text = result.refusal.message + result.refusal.detail
       expect(text).not.toContain("evil")
@@ -243,10 +246,16 @@ describe("resolution", () => {
     await expect(http).rejects.toMatchObject({ refusal: { kind: "insecure_scheme" } })
   })
 
-  it("a resolver failure is a transport error, not a refusal", async () => {
-    const { resolver } = tableResolver({})
+  it("a name that does not resolve is refused like a private one (issue 16: never tell whether it resolved)", async () => {
+    const { resolver } = tableResolver({ "empty.example.com": [], "private.example.com": ["10.0.0.1"] })
     const g = guard({ resolver })
-    await expect(g.request({ url: "https://nowhere.example.com/v1" })).rejects.toMatchObject({ code: "ENOTFOUND" })
+    const nowhere = await g.request({ url: "https://nowhere.example.com/v1" })
+    expect(nowhere.ok ? null : [nowhere.refusal.kind, nowhere.refusal.detail]).toEqual(["unresolvable", "ENOTFOUND"])
+    const empty = await g.preflight("https://empty.example.com/v1")
+    expect(empty.ok ? null : [empty.refusal.kind, empty.refusal.detail]).toEqual(["unresolvable", "no address"])
+    const internal = await g.request({ url: "https://private.example.com/v1" })
+    const answers = [nowhere, empty, internal].map((r) => r.ok ? null : { code: r.refusal.code, message: r.refusal.message })
+    expect(answers).toEqual(Array(3).fill({ code: "address_not_allowed", message: REFUSAL_MESSAGES.address_not_allowed }))
   })
 })
 

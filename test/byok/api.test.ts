@@ -154,13 +154,13 @@ describe.each(backends)("BYOK API on $name", ({ postgres }) => {
     })
     expect(r.body).toEqual({ success: true, data: { ok: true, model_count: 2, resolved_base_url: `${fakes.origin}/custom/v1` } })
 
-    // The SSRF guard's refusal is a probe failure too, with its own kind.
+    // The SSRF guard's refusal is a probe failure too: one kind for wherever the URL leads (issue 16).
     r = await req("POST", `${BASE}/verify`, {
       key,
       body: { provider: "custom", secret: good("c"), meta: { base_url: "https://169.254.169.254/v1" } }
     })
     expect(r.status).toBe(200)
-    expect(r.body.data).toMatchObject({ ok: false, kind: "metadata_address" })
+    expect(r.body.data).toMatchObject({ ok: false, kind: "address_not_allowed" })
 
     // Unusable requests are not probe failures.
     r = await req("POST", `${BASE}/verify`, { key, body: { provider: "nope", secret: good("x") } })
@@ -234,7 +234,7 @@ describe.each(backends)("BYOK API on $name", ({ postgres }) => {
       key,
       body: { provider: "custom", secret: good("c"), meta: { base_url: "https://10.0.0.1/v1" } }
     })
-    expect([r.status, r.body.error.code]).toEqual([400, "private_address"])
+    expect([r.status, r.body.error.code]).toEqual([400, "address_not_allowed"])
     const rows = await query(gw, "SELECT id FROM byok_credentials WHERE account_id = $1", [account.id])
     expect(rows).toEqual([])
   })

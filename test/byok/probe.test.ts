@@ -292,13 +292,13 @@ describe("failed probes: each classified", () => {
         name === "internal.example.com" ? [{ address: "10.1.2.3", family: 4 }] : []
       const { guard, credential } = setup({}, resolver)
       const cases: ReadonlyArray<readonly [string, string]> = [
-        ["https://10.0.0.1/v1", "private_address"],
-        ["https://[::ffff:a9fe:a9fe]/v1", "metadata_address"],
+        ["https://10.0.0.1/v1", "address_not_allowed"],
+        ["https://[::ffff:a9fe:a9fe]/v1", "address_not_allowed"],
         ["http://api.example.com/v1", "insecure_scheme"],
-        ["https://internal.example.com/v1", "resolves_to_private"],
+        ["https://internal.example.com/v1", "address_not_allowed"],
         ["https://api.example.com/v1?x=1", "invalid_url"],
         ["https://user@api.example.com/v1", "userinfo"],
-        ["https://localhost/v1", "blocked_name"]
+        ["https://localhost/v1", "address_not_allowed"]
       ]
       for (const [base_url, kind] of cases) {
         const result = yield* run(guard, credential({ provider: "custom", meta: { base_url } }))
@@ -306,6 +306,39 @@ describe("failed probes: each classified", () => {
         expectNoSecret(result)
         if (!result.ok) expect(result.message).not.toContain("example")
       }
+    }))
+
+  it.live("issue 16: where a URL leads is one answer (private, metadata, internal name, no such name)", () =>
+    Effect.gen(function*() {
+      const resolver: Resolver = async (name) => {
+        if (name === "private.example.com") return [{ address: "10.0.0.1", family: 4 }]
+        if (name === "metadata.example.com") return [{ address: "169.254.169.254", family: 4 }]
+        if (name === "mixed.example.com") return [{ address: "93.184.216.34", family: 4 }, { address: "10.0.0.1", family: 4 }]
+        if (name === "empty.example.com") return []
+        throw Object.assign(new Error(`getaddrinfo ENOTFOUND ${name}`), { code: "ENOTFOUND" })
+      }
+      const { guard, credential } = setup({}, resolver)
+      const bases = [
+        "https://10.0.0.1/v1",
+        "https://169.254.169.254/v1",
+        "https://[fd00:ec2::254]/v1",
+        "https://private.example.com/v1",
+        "https://metadata.example.com/v1",
+        "https://mixed.example.com/v1",
+        "https://empty.example.com/v1",
+        "https://nowhere.example.com/v1",
+        "https://localhost/v1",
+        "https://metadata.google.internal/v1"
+      ]
+      const answers = new Set<string>()
+      for (const base_url of bases) {
+        const result = yield* run(guard, credential({ provider: "custom", meta: { base_url } }))
+        expect(result, base_url).toMatchObject({ ok: false, kind: "address_not_allowed" })
+        if (!result.ok) answers.add(JSON.stringify({ kind: result.kind, message: result.message }))
+        const listed = yield* listModels(guard, credential({ provider: "custom", meta: { base_url } }), { timeoutMs: 10_000 })
+        if (!listed.ok) answers.add(JSON.stringify({ kind: listed.kind, message: listed.message }))
+      }
+      expect([...answers]).toHaveLength(1)
     }))
 
   it.effect("the probe times out on the Effect clock and aborts the request", () =>

@@ -2,7 +2,7 @@
  * BYOK API test support: fake OpenAI-compatible (and Anthropic) providers on 127.0.0.1, and a gateway booted in
  * this process whose every log line is captured (the canary test greps them).
  */
-import { Cause, type Effect, Layer, Logger, ManagedRuntime, References } from "effect"
+import { type Effect, ManagedRuntime } from "effect"
 import * as Fs from "node:fs"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
@@ -64,7 +64,7 @@ export const startFakeProviders = async (): Promise<FakeProviders> => {
 }
 
 export interface CapturingGateway extends TestGateway {
-  /** Every log line of the gateway so far: message, annotations and cause, as text. */
+  /** Every log line of the gateway so far, as its logger wrote it (message, annotations and cause). */
   readonly logs: Array<string>
 }
 
@@ -73,6 +73,7 @@ export const startCapturingGateway = async (options: {
   readonly configure?: (doc: ConfigDoc) => void
   readonly databaseUrl?: string
   readonly admission?: AppOptions["admission"]
+  readonly byokGuard?: AppOptions["byokGuard"]
 }): Promise<CapturingGateway> => {
   const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-byok-"))
   const configPath = Path.join(dir, "gateway.yaml")
@@ -88,13 +89,12 @@ export const startCapturingGateway = async (options: {
     }
   })
   const logs: Array<string> = []
-  const capture = Logger.layer([Logger.make(({ cause, fiber, message }) => {
-    const text = (Array.isArray(message) ? message : [message]).map((m) => typeof m === "string" ? m : JSON.stringify(m))
-    const annotations = fiber.getRef(References.CurrentLogAnnotations)
-    logs.push([...text, JSON.stringify(annotations), cause.reasons.length === 0 ? "" : Cause.pretty(cause)].join(" "))
-  })])
-  const app = Layer.provide(appLayer(config, path, options.admission ? { admission: options.admission } : {}), capture)
-  const runtime = ManagedRuntime.make(app)
+  // The lines exactly as the gateway's logger writes them (message, annotations and cause).
+  const runtime = ManagedRuntime.make(appLayer(config, path, {
+    ...(options.admission ? { admission: options.admission } : {}),
+    ...(options.byokGuard ? { byokGuard: options.byokGuard } : {}),
+    logSink: (line) => void logs.push(line)
+  }))
   const key = await runtime.runPromise(ensureDevAccount)
   const { listeners } = await runtime.runPromise(BoundListeners)
   const port = listeners[0]!.port

@@ -8,19 +8,20 @@
  */
 import { type Duration, Effect } from "effect"
 import type { AnthropicProvider } from "../../config/GatewayConfig.js"
+import { secretRedactor } from "../../telemetry/LogText.js"
 import { openChat } from "../http/ChatCall.js"
 import type { ChatCodec, ChatDecoder } from "../http/Codec.js"
 import { HttpTransport } from "../http/Transport.js"
 import { type UpstreamAdapter, UpstreamError } from "../Upstream.js"
 import { decodeResponse, StreamDecoder } from "./Decode.js"
 import { encodeRequest, type EncodeOptions, MESSAGES_PATH } from "./Encode.js"
-import { mapError } from "./Errors.js"
+import { mapError, type Secrets } from "./Errors.js"
 
 export type AnthropicProviderConfig = typeof AnthropicProvider.Type
 
 /** The streamed decoder, plus the whole-answer decoding for a non-streamed request (the `ChatDecoder` shape). */
 export class AnthropicDecoder extends StreamDecoder implements ChatDecoder {
-  constructor(private readonly keys: ReadonlyArray<string>) {
+  constructor(private readonly keys: Secrets) {
     super(keys)
   }
 
@@ -47,7 +48,8 @@ export const anthropicChatCodec = (
   extraHeaders?: Readonly<Record<string, string>>
 ): ChatCodec => {
   const options: EncodeOptions = scheme === undefined ? { apiKey } : { apiKey, scheme }
-  const secrets: ReadonlyArray<string> = apiKey ? [apiKey] : []
+  // Built once: every error of every call through this codec is redacted with it.
+  const secrets = secretRedactor(apiKey ? [apiKey] : [])
   const path = messagesPath ?? `${basePath}${MESSAGES_PATH}`
   return {
     encode: (request) => {
@@ -57,7 +59,8 @@ export const anthropicChatCodec = (
       return { method: "POST", path, headers, body: encoded.body }
     },
     decoder: () => new AnthropicDecoder(secrets),
-    statusError: (status, body) => mapError(status, body, secrets)
+    statusError: (status, body) => mapError(status, body, secrets),
+    redact: secrets
   }
 }
 

@@ -27,7 +27,8 @@ import { createHash } from "node:crypto"
 import { normalizeToolCallId } from "../openai-compatible/Normalize.js"
 import { SseParser } from "../http/Sse.js"
 import type { FinishReason, UpstreamError, UpstreamEvent, Usage } from "../Upstream.js"
-import { errorFromEvent, protocolError } from "./Errors.js"
+import { clip, redactorOf, type Redactor } from "../../telemetry/LogText.js"
+import { errorFromEvent, protocolError, type Secrets } from "./Errors.js"
 
 /** Longest SSE event (`data`) accepted. Anthropic's events are deltas of a few dozen characters. */
 export const MAX_EVENT_CHARS = 1024 * 1024
@@ -216,13 +217,17 @@ export class StreamDecoder extends Emitter {
   private leanPrefix: string | undefined = undefined
   private leanBlock: Block | undefined = undefined
 
+  /** Keeps the credential sent out of error details. */
+  private readonly redact: Redactor
+
   constructor(
     /** Secrets to keep out of error details (the credential sent). */
-    private readonly secrets: ReadonlyArray<string> = [],
+    secrets: Secrets = [],
     /** `false` decodes every event with JSON.parse (the reference for the lean decoding). */
     private readonly lean = true
   ) {
     super()
+    this.redact = redactorOf(secrets)
   }
 
   /** The events produced since the last call. */
@@ -249,7 +254,7 @@ export class StreamDecoder extends Emitter {
     try {
       event = JSON.parse(data)
     } catch {
-      return this.fail(protocolError(`undecodable event: ${data.slice(0, 200)}`))
+      return this.fail(protocolError(`undecodable event: ${clip(this.redact(data), 200)}`))
     }
     if (typeof event !== "object" || event === null) return this.fail(protocolError("event is not a JSON object"))
     this.onEvent(event as Json)
@@ -328,7 +333,7 @@ export class StreamDecoder extends Emitter {
         this.sawDone = true
         return
       case "error":
-        return this.fail(errorFromEvent(event.error, this.secrets))
+        return this.fail(errorFromEvent(event.error, this.redact))
       default:
         // ping, and event types added later
         return
@@ -387,7 +392,7 @@ export class AnthropicSse {
   readonly decoder: StreamDecoder
   private readonly parser: SseParser
 
-  constructor(secrets: ReadonlyArray<string> = []) {
+  constructor(secrets: Secrets = []) {
     const decoder = (this.decoder = new StreamDecoder(secrets))
     // A line a little over the event bound fails in the parser; shorter ones are checked by the decoder.
     this.parser = new SseParser((data) => decoder.onData(data), MAX_EVENT_CHARS + 16)
@@ -436,7 +441,7 @@ class WholeDecoder extends Emitter {
 /** A whole (non-streamed) Messages answer, parsed: the same events a stream of it gives, or the failure. */
 export const decodeResponse = (
   body: unknown,
-  secrets: ReadonlyArray<string> = []
+  secrets: Secrets = []
 ): ReadonlyArray<UpstreamEvent> | UpstreamError => {
   if (typeof body !== "object" || body === null || Array.isArray(body)) {
     return protocolError("answer is not a JSON object")

@@ -22,9 +22,11 @@
  * limit) and `timeout` (timeout_error). An `error` event mid-stream has no status of its own: it takes the status
  * of its type from the table (500 for an unknown type).
  *
- * `detail` is log-only text: the upstream message cut to `MAX_MESSAGE` characters, anything shaped like an
- * Anthropic key (`sk-ant-...`) and the caller's own secrets replaced by `[redacted]`.
+ * `detail` is log-only text: the upstream message with anything shaped like an Anthropic key (`sk-ant-...`) and
+ * every run of 6 characters of the caller's own secrets replaced by `[redacted]` (`telemetry/LogText.ts`), then cut
+ * to `MAX_MESSAGE` characters.
  */
+import { clip as cut, type Redactor, redactorOf, REDACTED } from "../../telemetry/LogText.js"
 import { UpstreamError } from "../Upstream.js"
 
 /** Longest upstream message kept in `UpstreamError.detail`. */
@@ -55,20 +57,12 @@ const CONTEXT_TAG = "context_length_exceeded"
 
 const ANTHROPIC_KEY = /sk-ant-[A-Za-z0-9_-]+/g
 
-const redact = (text: string, secrets: ReadonlyArray<string>): string => {
-  let out = text.replace(ANTHROPIC_KEY, "[redacted]")
-  for (const secret of secrets) if (secret.length >= 8) out = out.split(secret).join("[redacted]")
-  return out
-}
+/** The caller's secrets (or their redactor), as given to the functions below. */
+export type Secrets = ReadonlyArray<string> | Redactor
 
-/** Text redacted at most (the transport reads error bodies up to 64 KiB anyway). */
-const MAX_REDACTED = 64 * 1024
-
-/** Redacted first, then cut to `max`: a secret cut in half by the bound would otherwise survive in part. */
-const clip = (text: string, max: number, secrets: ReadonlyArray<string>): string => {
-  const clean = redact(text.length > MAX_REDACTED ? text.slice(0, MAX_REDACTED) : text, secrets)
-  return clean.length > max ? clean.slice(0, max) + "..." : clean
-}
+/** Redacted first (at most 64 KiB is read), then cut to `max`: a cut first could leave part of a secret. */
+const clip = (text: string, max: number, redact: Redactor): string =>
+  cut(redact(text).replace(ANTHROPIC_KEY, REDACTED), max)
 
 const str = (u: unknown): string | undefined => (typeof u === "string" && u.length > 0 ? u : undefined)
 
@@ -86,7 +80,7 @@ const make = (
   type: string | undefined,
   message: string,
   what: string,
-  secrets: ReadonlyArray<string>
+  secrets: Redactor
 ): UpstreamError => {
   const tags: Array<string> = []
   if (type !== undefined) tags.push(clip(type, 80, secrets))
@@ -103,7 +97,8 @@ const make = (
  * A non-2xx answer: `status` and the body text (read by the transport up to its error-body bound). `secrets`
  * (the credential sent) are removed from the detail should the upstream echo them.
  */
-export const mapError = (status: number, body: string, secrets: ReadonlyArray<string> = []): UpstreamError => {
+export const mapError = (status: number, body: string, given: Secrets = []): UpstreamError => {
+  const secrets = redactorOf(given)
   let type: string | undefined
   let message = body
   let requestId: string | undefined
@@ -123,7 +118,8 @@ export const mapError = (status: number, body: string, secrets: ReadonlyArray<st
 }
 
 /** An `error` event inside a streamed answer (its `error` member). */
-export const errorFromEvent = (error: unknown, secrets: ReadonlyArray<string> = []): UpstreamError => {
+export const errorFromEvent = (error: unknown, given: Secrets = []): UpstreamError => {
+  const secrets = redactorOf(given)
   const e = typeof error === "object" && error !== null ? (error as Record<string, unknown>) : {}
   const type = str(e.type)
   const message = typeof e.message === "string" ? e.message : typeof error === "string" ? error : ""

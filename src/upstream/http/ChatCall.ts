@@ -15,6 +15,7 @@ import { StringDecoder } from "node:string_decoder"
 import { Clock, Effect, type Fiber } from "effect"
 import type { Dispatcher } from "undici"
 import { startTimer, stopTimer, type Timer } from "../../runtime/Timers.js"
+import { clip, noRedaction } from "../../telemetry/LogText.js"
 import { NO_EVENTS, PushCall } from "../PushCall.js"
 import {
   type UpstreamAdapter,
@@ -25,6 +26,9 @@ import {
 import type { ChatCodec, ChatDecoder, HttpRequest } from "./Codec.js"
 import { SseParser } from "./Sse.js"
 import { ABORTED, headerText, type HttpTransport, MAX_ERROR_BODY, MAX_JSON_BODY, transportError } from "./Transport.js"
+
+/** Most characters of upstream text quoted in a failure or a warning. */
+const QUOTED_CHARS = 200
 
 /** How the response body is read: not yet known, SSE, one JSON body, or an error body. */
 const HEADERS = 0
@@ -109,7 +113,7 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
     if (skipped === undefined || skipped === this.loggedSkips) return undefined
     const count = skipped - this.loggedSkips
     this.loggedSkips = skipped
-    return skippedWarning(count, decoder.lastSkipped ?? "")
+    return skippedWarning(count, clip((this.codec.redact ?? noRedaction)(decoder.lastSkipped ?? ""), QUOTED_CHARS))
   }
 
   // --- undici handler -------------------------------------------------------------------------
@@ -187,7 +191,8 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
     try {
       json = JSON.parse(text)
     } catch {
-      return this.fail(new UpstreamError({ kind: "protocol", detail: `answer is not JSON: ${text.slice(0, 200)}` }))
+      const quoted = clip((this.codec.redact ?? noRedaction)(text), QUOTED_CHARS)
+      return this.fail(new UpstreamError({ kind: "protocol", detail: `answer is not JSON: ${quoted}` }))
     }
     const problem = this.decoder.onJson(json)
     if (problem !== undefined) return this.fail(problem)

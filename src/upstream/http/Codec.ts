@@ -11,10 +11,13 @@
  *   (`text/event-stream` answers, see `Sse.ts`), or the parsed JSON body of any other 2xx answer.
  * - `statusError`: a non-2xx answer (status and body text, the body bounded by the transport) ->
  *   `UpstreamError` (429 -> `rate_limited`, otherwise `status` with the upstream's message, bounded).
+ * - `redact` (optional): removes secrets from upstream text the transport quotes (an unparseable body, a skipped
+ *   frame), before it is bounded.
  *
  * The transport owns everything else: connections, the connect / first-token / idle / total timeouts,
  * back-pressure, abort, bounded bodies, transport errors (`connect`, `timeout`, dropped mid-answer).
  */
+import type { Redactor } from "../../telemetry/LogText.js"
 import type { UpstreamError, UpstreamEvent, UpstreamRequest, Usage } from "../Upstream.js"
 
 /** What the transport sends: passed to undici as is (no copy). */
@@ -40,8 +43,8 @@ export interface ChatDecoder {
   /** Usage reported so far; attached to a failure that comes after it. */
   readonly usage: Usage | undefined
   /**
-   * Frames skipped as undecodable so far, and the last one (truncated), for a warning log. Absent for a
-   * decoder that fails the answer on an undecodable frame instead.
+   * Frames skipped as undecodable so far, and the last one (whole: the transport redacts and bounds it), for a
+   * warning log. Absent for a decoder that fails the answer on an undecodable frame instead.
    */
   readonly skipped?: number
   readonly lastSkipped?: string
@@ -57,4 +60,5 @@ export interface ChatCodec {
   readonly encode: (request: UpstreamRequest) => HttpRequest | UpstreamError
   readonly decoder: (request: UpstreamRequest) => ChatDecoder
   readonly statusError: (status: number, body: string) => UpstreamError
+  readonly redact?: Redactor
 }

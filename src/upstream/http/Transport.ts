@@ -19,6 +19,9 @@ import type { HttpRequest } from "./Codec.js"
 export const MAX_ERROR_BODY = 64 * 1024
 /** A whole (non-streamed) answer larger than this is a protocol error. */
 export const MAX_JSON_BODY = 64 * 1024 * 1024
+/** The `code` of the address guard's refusal at connect time (BYOK user origins): an `address` failure. */
+export const ADDRESS_REFUSED = "WS_ADDRESS_REFUSED"
+
 /** The reason given to undici when the gateway gives up on a request. */
 export const ABORTED = new Error("request interrupted by the gateway")
 
@@ -31,6 +34,7 @@ const codeOf = (error: Error): string | undefined => {
 export const transportError = (error: Error, gotHeaders: boolean, connectMs: number): UpstreamError => {
   const code = codeOf(error)
   const what = `${code ?? error.name}: ${error.message}`
+  if (code === ADDRESS_REFUSED) return new UpstreamError({ kind: "address", detail: error.message })
   if (code === "UND_ERR_CONNECT_TIMEOUT") {
     return new UpstreamError({ kind: "timeout", detail: `connect timed out after ${connectMs} ms (${what})` })
   }

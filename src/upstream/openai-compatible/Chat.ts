@@ -3,6 +3,7 @@
  * decoded by `ChatNormalizer` (SSE chunks or one `chat.completion` body), error bodies by
  * `statusError`. Sent and read by the shared HTTP transport (`../http/ChatCall.ts`).
  */
+import type { Redactor } from "../../telemetry/LogText.js"
 import type { ChatCodec, HttpRequest } from "../http/Codec.js"
 import type { UpstreamError } from "../Upstream.js"
 import { encodeChatRequest, requestHeaders } from "./Encode.js"
@@ -28,12 +29,15 @@ export interface OpenAiChatTarget {
   readonly maxTokensField?: "max_tokens" | "max_completion_tokens"
   /** Applied to every error the codec reports (BYOK: removes the user's secret from upstream text). */
   readonly mapError?: (error: UpstreamError) => UpstreamError
+  /** Removes secrets from upstream text before it is bounded (BYOK: the user's secret). */
+  readonly redact?: Redactor
 }
 
 /** The codec over any target: a per-model path and fixed header sets (BYOK credentials, Azure deployments). */
 export const openAiChatCodecWith = (target: OpenAiChatTarget): ChatCodec => {
   const field = target.maxTokensField ?? "max_tokens"
   const mapError = target.mapError
+  const redact = target.redact
   return {
     encode: (request): HttpRequest => ({
       method: "POST",
@@ -42,6 +46,9 @@ export const openAiChatCodecWith = (target: OpenAiChatTarget): ChatCodec => {
       body: encodeChatRequest(request, field)
     }),
     decoder: () => new ChatNormalizer(),
-    statusError: mapError === undefined ? statusError : (status, body) => mapError(statusError(status, body))
+    statusError: mapError === undefined
+      ? (status, body) => statusError(status, body, redact)
+      : (status, body) => mapError(statusError(status, body, redact)),
+    ...(redact !== undefined ? { redact } : {})
   }
 }

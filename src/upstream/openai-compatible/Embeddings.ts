@@ -1,5 +1,6 @@
 /** OpenAI-compatible embeddings: `POST <base>/embeddings`, one buffered JSON answer. */
 import { Effect } from "effect"
+import { clip, noRedaction, type Redactor } from "../../telemetry/LogText.js"
 import type { HttpTransport } from "../http/Transport.js"
 import { type UpstreamAdapter, UpstreamError } from "../Upstream.js"
 import { encodeEmbeddingsRequest, requestHeaders } from "./Encode.js"
@@ -7,13 +8,14 @@ import { statusError } from "./Errors.js"
 
 export const decodeEmbeddings = (
   text: string,
-  count: number
+  count: number,
+  redact: Redactor = noRedaction
 ): { vectors: Array<ReadonlyArray<number>>; prompt_tokens: number } | UpstreamError => {
   let body: any
   try {
     body = JSON.parse(text)
   } catch {
-    return new UpstreamError({ kind: "protocol", detail: `embeddings answer is not JSON: ${text.slice(0, 200)}` })
+    return new UpstreamError({ kind: "protocol", detail: `embeddings answer is not JSON: ${clip(redact(text), 200)}` })
   }
   if (!Array.isArray(body?.data) || body.data.length !== count) {
     return new UpstreamError({ kind: "protocol", detail: `embeddings answer does not hold ${count} vectors` })
@@ -46,12 +48,16 @@ export const openAiEmbed = (
   return openAiEmbedWith(transport, () => path, requestHeaders(apiKey, "application/json"))
 }
 
-/** `embed` over any target: a per-model path (Azure deployments) and fixed headers (BYOK credentials). */
+/**
+ * `embed` over any target: a per-model path (Azure deployments) and fixed headers (BYOK credentials). `redact`
+ * removes secrets from upstream text before it is bounded; `mapError` then sees every failure.
+ */
 export const openAiEmbedWith = (
   transport: HttpTransport,
   pathOf: (model: string) => string,
   headers: Readonly<Record<string, string>>,
-  mapError: (error: UpstreamError) => UpstreamError = (e) => e
+  mapError: (error: UpstreamError) => UpstreamError = (e) => e,
+  redact: Redactor = noRedaction
 ): UpstreamAdapter["embed"] =>
   (model, input) =>
     Effect.flatMap(
@@ -60,8 +66,8 @@ export const openAiEmbedWith = (
         "embeddings"
       ),
       ({ status, text }) => {
-        if (status < 200 || status >= 300) return Effect.fail(mapError(statusError(status, text)))
-        const decoded = decodeEmbeddings(text, input.length)
-        return decoded instanceof UpstreamError ? Effect.fail(decoded) : Effect.succeed(decoded)
+        if (status < 200 || status >= 300) return Effect.fail(mapError(statusError(status, text, redact)))
+        const decoded = decodeEmbeddings(text, input.length, redact)
+        return decoded instanceof UpstreamError ? Effect.fail(mapError(decoded)) : Effect.succeed(decoded)
       }
     )

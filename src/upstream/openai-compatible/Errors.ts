@@ -1,4 +1,5 @@
 /** OpenAI-compatible error bodies -> `UpstreamError` (mapped for clients in src/inference/UpstreamErrors.ts). */
+import { clip, noRedaction, type Redactor } from "../../telemetry/LogText.js"
 import { UpstreamError } from "../Upstream.js"
 
 /** Longest upstream error message kept in `UpstreamError.detail` (which is only ever logged). */
@@ -6,9 +7,10 @@ const MAX_ERROR_MESSAGE = 500
 
 /**
  * A non-2xx answer. The detail keeps the upstream's `error.code` / `error.type` (e.g.
- * `context_length_exceeded`, which the gateway maps to `input_too_long`) and its message, bounded.
+ * `context_length_exceeded`, which the gateway maps to `input_too_long`) and its message, bounded. `redact`
+ * (BYOK: the caller's secret) runs on the whole message before it is bounded.
  */
-export const statusError = (status: number, body: string): UpstreamError => {
+export const statusError = (status: number, body: string, redact: Redactor = noRedaction): UpstreamError => {
   let message = body
   let code = ""
   try {
@@ -18,11 +20,11 @@ export const statusError = (status: number, body: string): UpstreamError => {
     else if (typeof e?.message === "string") message = e.message
     else if (typeof parsed?.message === "string") message = parsed.message
     const tag = [e?.code, e?.type, parsed?.code, parsed?.type].find((t) => typeof t === "string" && t.length > 0)
-    if (tag !== undefined) code = ` (${String(tag).slice(0, 80)})`
+    if (tag !== undefined) code = ` (${clip(redact(String(tag)), 80)})`
   } catch {
     // not JSON: keep the text
   }
-  if (message.length > MAX_ERROR_MESSAGE) message = message.slice(0, MAX_ERROR_MESSAGE) + "..."
+  message = clip(redact(message), MAX_ERROR_MESSAGE)
   return new UpstreamError({
     kind: status === 429 ? "rate_limited" : "status",
     status,

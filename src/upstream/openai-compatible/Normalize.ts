@@ -60,7 +60,7 @@ export class ChatNormalizer implements ChatDecoder {
   /** Set when the upstream reported an error inside a 2xx answer. */
   error: UpstreamError | undefined = undefined
   sawDone = false
-  /** Undecodable SSE frames skipped so far, and the last one (truncated) for the log. */
+  /** Undecodable SSE frames skipped so far, and the last one (whole; bounded when logged) for the log. */
   skipped = 0
   lastSkipped = ""
   private answering = false
@@ -98,7 +98,7 @@ export class ChatNormalizer implements ChatDecoder {
 
   private skip(data: string): void {
     this.skipped++
-    this.lastSkipped = data.length > 200 ? data.slice(0, 200) + "..." : data
+    this.lastSkipped = data
   }
 
   onChunk(chunk: Json): void {
