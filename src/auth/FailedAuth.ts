@@ -1,0 +1,85 @@
+/**
+ * Failed authentication per client address (issue 16, finding 5). An address with `limits.failed_auth_per_minute`
+ * failed authentications in the last sliding minute is refused (429 `too_many_failed_requests`) before its next
+ * key or session lookup; a key already in the positive key cache is still served (see `Auth.ts`).
+ *
+ * Counting is the rate-limit primitive's sliding-window counter (`quota/RateLimit.ts`), at most `MAX_TRACKED_KEYS`
+ * addresses. In-process on purpose, like the per-key failed-request limit: the check runs on every request that
+ * is not a cache hit, before any lookup, and a Redis round trip there would cost what it saves; each replica bounds
+ * its own share (N replicas behind a balancer allow at most N × the limit per address).
+ *
+ * IPv6 addresses are counted per /64: one host usually holds a whole /64 and could otherwise take a fresh
+ * address for every guess. The address comes from `http/ClientAddress.ts` (already normalized: never header text).
+ */
+import ipaddr from "ipaddr.js"
+import { makeWindowStore, MAX_TRACKED_KEYS, type RateRule, slidingWindow } from "../quota/RateLimit.js"
+
+/** A refused address is logged at most this often. */
+export const LOG_EVERY_MS = 60_000
+
+/** What is counted for an address: the address itself, or its /64 for IPv6. */
+export const bucketOf = (address: string): string => {
+  if (!address.includes(":")) return address
+  try {
+    const ip = ipaddr.IPv6.parse(address)
+    const parts = ip.parts.slice(0, 4).concat([0, 0, 0, 0])
+    return `${new ipaddr.IPv6(parts).toString()}/64`
+  } catch {
+    return address
+  }
+}
+
+/** A log line due for a refused address. */
+export interface RefusalReport {
+  readonly address: string
+  /** Failed authentications counted in the last sliding minute. */
+  readonly failures: number
+  /** Requests refused since the previous line for this address (this one included). */
+  readonly refused: number
+}
+
+export interface FailedAuthLimiter {
+  /** Seconds until `address` may have another credential looked up; 0 while it is under the limit. */
+  readonly retryAfter: (address: string, now: number) => number
+  /** Counts one failed authentication of `address`. */
+  readonly record: (address: string, now: number) => void
+  /** Notes a refusal; returns the log line's fields when one is due (at most once a minute per address). */
+  readonly refused: (address: string, now: number) => RefusalReport | null
+  /** Addresses tracked by the counter and by the log throttle (each bounded by `maxAddresses`). */
+  readonly size: () => { readonly counted: number; readonly logged: number }
+}
+
+/** The counting, clock-free (`now` in ms): tests and `Auth` share it. */
+export const makeLimiter = (limit: number, maxAddresses = MAX_TRACKED_KEYS): FailedAuthLimiter => {
+  const rule: RateRule = slidingWindow(limit, 60)
+  const windows = makeWindowStore(maxAddresses)
+  /** Per refused address: when it was last logged and the refusals since (Map order: oldest line first). */
+  const logged = new Map<string, { at: number; refused: number }>()
+
+  const makeRoom = (now: number) => {
+    for (const [address, entry] of logged) if (now - entry.at >= LOG_EVERY_MS) logged.delete(address)
+    for (const address of logged.keys()) {
+      if (logged.size < maxAddresses) break
+      logged.delete(address)
+    }
+  }
+
+  return {
+    retryAfter: (address, now) => windows.retryAfter(bucketOf(address), rule, now),
+    record: (address, now) => windows.record(bucketOf(address), rule, now),
+    refused: (address, now) => {
+      const bucket = bucketOf(address)
+      const entry = logged.get(bucket)
+      if (entry !== undefined && now - entry.at < LOG_EVERY_MS) {
+        entry.refused++
+        return null
+      }
+      const refused = (entry?.refused ?? 0) + 1
+      logged.delete(bucket)
+      if (logged.size >= maxAddresses) makeRoom(now)
+      logged.set(bucket, { at: now, refused: 0 })
+      return { address: bucket, failures: Math.round(windows.count(bucket, rule, now)), refused }
+    },
+    size: () => ({ counted: windows.size(), logged: logged.size })
+  }
+}
