@@ -1,5 +1,5 @@
 import { PgClient } from "@effect/sql-pg"
-import { Clock, Context, Duration, Effect, Layer, Option, Schedule, Stream } from "effect"
+import { Clock, Context, Duration, Effect, Exit, Layer, Option, Schedule, Stream } from "effect"
 import type { HttpServerRequest } from "effect/http"
 import type { SqlClient } from "effect/sql"
 import { randomUUID } from "node:crypto"
@@ -224,6 +224,15 @@ export const make = Effect.gen(function*() {
     return Effect.fail(fail("invalid_api_key"))
   }
 
+  /** A store read on behalf of `client`: under way it counts toward the limit, and when it finds nothing it is a failure. */
+  const lookup = <A>(client: string, now: number, read: Effect.Effect<A | null>): Effect.Effect<A | null> =>
+    Effect.suspend(() => {
+      limiter.begin(client)
+      return read
+    }).pipe(Effect.onExit((exit) =>
+      Effect.sync(() => limiter.end(client, now, Exit.isSuccess(exit) && exit.value === null))
+    ))
+
   const authenticateKey = (authorization: string | undefined, client: string): Effect.Effect<Caller, GatewayError> => {
     // No credential at all: nothing guessed and nothing to look up, so not counted.
     if (authorization === undefined || authorization.trim() === "") return Effect.fail(fail("invalid_api_key"))
@@ -243,7 +252,7 @@ export const make = Effect.gen(function*() {
       if (hash === null || (hit !== undefined && hit.expiresAt > now)) return invalidKey(client, now)
       const seen = invalidations
       keyLookups++
-      return store.findActiveKeyByHash(hash).pipe(Effect.flatMap((found) => {
+      return lookup(client, now, store.findActiveKeyByHash(hash)).pipe(Effect.flatMap((found) => {
         const caller: Caller | null = found ? { account: found.account, key: found.key } : null
         if (seen === invalidations) {
           remember(
@@ -252,7 +261,7 @@ export const make = Effect.gen(function*() {
             now
           )
         }
-        if (caller === null) return invalidKey(client, now)
+        if (caller === null) return Effect.fail(fail("invalid_api_key"))
         touch(caller.key!, now)
         return Effect.succeed(caller)
       }))
@@ -272,10 +281,10 @@ export const make = Effect.gen(function*() {
       const until = unknownSessions.get(hash)
       if (until !== undefined && until > now) return Effect.sync(unknown)
       sessionLookups++
-      return store.findSession(token).pipe(Effect.map((account) => {
+      return lookup(client, now, store.findSession(token)).pipe(Effect.map((account) => {
         if (account) return { account, key: null }
         rememberUnknownSession(hash, now)
-        return unknown()
+        return null
       }))
     }))
 

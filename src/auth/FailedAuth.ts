@@ -39,20 +39,29 @@ export interface RefusalReport {
 }
 
 export interface FailedAuthLimiter {
-  /** Seconds until `address` may have another credential looked up; 0 while it is under the limit. */
+  /**
+   * Seconds until `address` may have another credential looked up; 0 while it may. Lookups under way count as
+   * failures until they end, so a burst of concurrent guesses gets no more lookups than the limit.
+   */
   readonly retryAfter: (address: string, now: number) => number
-  /** Counts one failed authentication of `address`. */
+  /** Counts one failed authentication of `address` that needed no lookup (malformed, cached as unknown). */
   readonly record: (address: string, now: number) => void
+  /** A lookup for `address` starts. */
+  readonly begin: (address: string) => void
+  /** That lookup ended; counted when the credential was unknown. */
+  readonly end: (address: string, now: number, failed: boolean) => void
   /** Notes a refusal; returns the log line's fields when one is due (at most once a minute per address). */
   readonly refused: (address: string, now: number) => RefusalReport | null
-  /** Addresses tracked by the counter and by the log throttle (each bounded by `maxAddresses`). */
-  readonly size: () => { readonly counted: number; readonly logged: number }
+  /** Addresses tracked by the counter, the log throttle and lookups under way (each bounded). */
+  readonly size: () => { readonly counted: number; readonly logged: number; readonly pending: number }
 }
 
 /** The counting, clock-free (`now` in ms): tests and `Auth` share it. */
 export const makeLimiter = (limit: number, maxAddresses = MAX_TRACKED_KEYS): FailedAuthLimiter => {
   const rule: RateRule = slidingWindow(limit, 60)
   const windows = makeWindowStore(maxAddresses)
+  /** Lookups under way per address (entries go at 0: bounded by the requests in flight). */
+  const pending = new Map<string, number>()
   /** Per refused address: when it was last logged and the refusals since (Map order: oldest line first). */
   const logged = new Map<string, { at: number; refused: number }>()
 
@@ -65,8 +74,26 @@ export const makeLimiter = (limit: number, maxAddresses = MAX_TRACKED_KEYS): Fai
   }
 
   return {
-    retryAfter: (address, now) => windows.retryAfter(bucketOf(address), rule, now),
+    retryAfter: (address, now) => {
+      const bucket = bucketOf(address)
+      const wait = windows.retryAfter(bucket, rule, now)
+      if (wait > 0) return wait
+      const inFlight = pending.get(bucket) ?? 0
+      // Lookups under way end within the request's time: try again in a second.
+      return inFlight > 0 && windows.count(bucket, rule, now) + inFlight >= limit ? 1 : 0
+    },
     record: (address, now) => windows.record(bucketOf(address), rule, now),
+    begin: (address) => {
+      const bucket = bucketOf(address)
+      pending.set(bucket, (pending.get(bucket) ?? 0) + 1)
+    },
+    end: (address, now, failed) => {
+      const bucket = bucketOf(address)
+      if (failed) windows.record(bucket, rule, now)
+      const left = (pending.get(bucket) ?? 1) - 1
+      if (left > 0) pending.set(bucket, left)
+      else pending.delete(bucket)
+    },
     refused: (address, now) => {
       const bucket = bucketOf(address)
       const entry = logged.get(bucket)
@@ -80,6 +107,6 @@ export const makeLimiter = (limit: number, maxAddresses = MAX_TRACKED_KEYS): Fai
       logged.set(bucket, { at: now, refused: 0 })
       return { address: bucket, failures: Math.round(windows.count(bucket, rule, now)), refused }
     },
-    size: () => ({ counted: windows.size(), logged: logged.size })
+    size: () => ({ counted: windows.size(), logged: logged.size, pending: pending.size })
   }
 }
