@@ -40,8 +40,9 @@ export interface RefusalReport {
 
 export interface FailedAuthLimiter {
   /**
-   * Seconds until `address` may have another credential looked up; 0 while it may. Lookups under way count as
-   * failures until they end, so a burst of concurrent guesses gets no more lookups than the limit.
+   * Seconds until `address` may have another credential looked up; 0 while it may. Once the address has a failure
+   * in the window, its lookups under way count as failures until they end, so concurrent guesses cannot overshoot
+   * the limit; many valid credentials looked up at once from a clean address are never held back.
    */
   readonly retryAfter: (address: string, now: number) => number
   /** Counts one failed authentication of `address` that needed no lookup (malformed, cached as unknown). */
@@ -79,8 +80,11 @@ export const makeLimiter = (limit: number, maxAddresses = MAX_TRACKED_KEYS): Fai
       const wait = windows.retryAfter(bucket, rule, now)
       if (wait > 0) return wait
       const inFlight = pending.get(bucket) ?? 0
-      // Lookups under way end within the request's time: try again in a second.
-      return inFlight > 0 && windows.count(bucket, rule, now) + inFlight >= limit ? 1 : 0
+      if (inFlight === 0) return 0
+      // Once the address has failed, its lookups under way count as failures until they end (they end within a
+      // request's time: try again in a second). An address without failures is not held back by its concurrency.
+      const failures = windows.count(bucket, rule, now)
+      return failures > 0 && failures + inFlight >= limit ? 1 : 0
     },
     record: (address, now) => windows.record(bucketOf(address), rule, now),
     begin: (address) => {
