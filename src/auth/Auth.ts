@@ -58,8 +58,6 @@ export class Auth extends Context.Service<Auth, {
   readonly clientAddress: (request: HttpServerRequest.HttpServerRequest) => string
   /** Key and session reads that reached the store so far. */
   readonly storeLookups: Effect.Effect<StoreLookups>
-  /** Addresses the failed-authentication limit tracks. */
-  readonly trackedAddresses: Effect.Effect<{ readonly counted: number; readonly logged: number }>
   /** Drops cached entries of these key hashes (and announces it to other replicas). */
   readonly invalidateKeys: (hashes: ReadonlyArray<string>) => Effect.Effect<void>
   /** Drops cached entries of an account (status or profile change). */
@@ -319,7 +317,6 @@ export const make = Effect.gen(function*() {
     bearer: (request) => authenticateKey(request.headers.authorization, clientAddress(request)),
     clientAddress,
     storeLookups: Effect.sync(() => ({ keys: keyLookups, sessions: sessionLookups })),
-    trackedAddresses: Effect.sync(limiter.size),
     invalidateKeys: (hashes) => Effect.forEach(hashes, (hash) => announce(Invalidation.key(hash)), { discard: true }),
     invalidateAccount: (accountId) => announce(Invalidation.account(accountId)),
     invalidateCredentials: (accountId) => announce(Invalidation.credentials(accountId)),

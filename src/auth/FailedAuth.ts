@@ -1,7 +1,8 @@
 /**
  * Failed authentication per client address (issue 16, finding 5). An address with `limits.failed_auth_per_minute`
  * failed authentications in the last sliding minute is refused (429 `too_many_failed_requests`) before its next
- * key or session lookup; a key already in the positive key cache is still served (see `Auth.ts`).
+ * key or session lookup; a key already in the positive key cache is still served (see `Auth.ts`). Once an address
+ * has failed, its lookups under way count too, so concurrent guesses cannot overshoot the limit.
  *
  * Counting is the rate-limit primitive's sliding-window counter (`quota/RateLimit.ts`), at most `MAX_TRACKED_KEYS`
  * addresses. In-process on purpose, like the per-key failed-request limit: the check runs on every request that
