@@ -1,9 +1,13 @@
 import { PgClient } from "@effect/sql-pg"
-import { Clock, Context, Duration, Effect, Layer, Option, Schedule, Stream } from "effect"
+import { Clock, Context, Duration, Effect, Exit, Layer, Option, Schedule, Stream } from "effect"
+import type { HttpServerRequest } from "effect/http"
 import type { SqlClient } from "effect/sql"
 import { randomUUID } from "node:crypto"
 import { Settings } from "../config/Live.js"
-import { fail, type GatewayError } from "../errors/Catalog.js"
+import { AuthMessages, fail, type GatewayError } from "../errors/Catalog.js"
+import * as ClientAddress from "../http/ClientAddress.js"
+import { MAX_TRACKED_KEYS } from "../quota/RateLimit.js"
+import * as FailedAuth from "./FailedAuth.js"
 import * as Invalidation from "./Invalidation.js"
 import { hashKey, isWellFormed } from "./KeyMaterial.js"
 import * as KeyStore from "./KeyStore.js"
@@ -23,11 +27,37 @@ interface CacheEntry {
 /** A key's `last_used_at` is written at most this often per replica. */
 const TOUCH_EVERY_MS = 60_000
 
+/** Longest session token we bother hashing; real tokens are 48 base62 characters. */
+export const MAX_SESSION_TOKEN_LENGTH = 256
+
+/** Unknown session tokens remembered at once (beyond it the oldest go first). */
+const MAX_UNKNOWN_SESSIONS = MAX_TRACKED_KEYS
+
+/** Reads that reached the key store since start (diagnostics and tests). */
+export interface StoreLookups {
+  readonly keys: number
+  readonly sessions: number
+}
+
+/**
+ * Authentication. Every credential is resolved here, counted against the client address it came from
+ * (`FailedAuth.ts`): an address past `limits.failed_auth_per_minute` failures in the last minute gets 429
+ * `too_many_failed_requests` before any lookup; only a key already in the positive cache is still served.
+ */
 export class Auth extends Context.Service<Auth, {
-  /** Resolves a bearer key through the cache; 401 `invalid_api_key` otherwise. */
-  readonly authenticateKey: (authorization: string | undefined) => Effect.Effect<Caller, GatewayError>
-  /** Resolves a `ws-session` cookie token; null when absent or unknown. */
-  readonly authenticateSession: (token: string) => Effect.Effect<Caller | null>
+  /**
+   * Resolves a bearer key from `client` (a counted address) through the cache; 401 `invalid_api_key` otherwise
+   * (counted unless no credential was sent), 429 while the address is refused.
+   */
+  readonly authenticateKey: (authorization: string | undefined, client: string) => Effect.Effect<Caller, GatewayError>
+  /** Resolves a `ws-session` cookie token from `client`; null when unknown (counted), 429 while the address is refused. */
+  readonly authenticateSession: (token: string, client: string) => Effect.Effect<Caller | null, GatewayError>
+  /** The bearer key of a request, counted against its client address: how every `/v1` route authenticates. */
+  readonly bearer: (request: HttpServerRequest.HttpServerRequest) => Effect.Effect<Caller, GatewayError>
+  /** The counted address of a request (`http/ClientAddress.ts` with `trusted_proxies`). */
+  readonly clientAddress: (request: HttpServerRequest.HttpServerRequest) => string
+  /** Key and session reads that reached the store so far. */
+  readonly storeLookups: Effect.Effect<StoreLookups>
   /** Drops cached entries of these key hashes (and announces it to other replicas). */
   readonly invalidateKeys: (hashes: ReadonlyArray<string>) => Effect.Effect<void>
   /** Drops cached entries of an account (status or profile change). */
@@ -67,6 +97,28 @@ export const make = Effect.gen(function*() {
     }
   }
   const lastTouch = new Map<number, number>()
+  const addresses = ClientAddress.make(config.trusted_proxies)
+  const limiter = FailedAuth.makeLimiter(config.limits.failed_auth_per_minute)
+  let keyLookups = 0
+  let sessionLookups = 0
+  /**
+   * Session tokens the store did not know (SHA-256 → expiry), so a repeated unknown cookie costs no query. Never
+   * invalidated: sessions are only created with a fresh random 48-character token, which no cached guess matches.
+   */
+  const unknownSessions = new Map<string, number>()
+  let unknownInserts = 0
+  const rememberUnknownSession = (hash: string, now: number) => {
+    if ((++unknownInserts >= 1024 && unknownInserts >= unknownSessions.size) || unknownSessions.size >= MAX_UNKNOWN_SESSIONS) {
+      unknownInserts = 0
+      for (const [h, until] of unknownSessions) if (until <= now) unknownSessions.delete(h)
+    }
+    // Still full: the oldest go (Map order is insertion order).
+    for (const h of unknownSessions.keys()) {
+      if (unknownSessions.size < MAX_UNKNOWN_SESSIONS) break
+      unknownSessions.delete(h)
+    }
+    unknownSessions.set(hash, now + Invalidation.NEGATIVE_TTL_MS)
+  }
   let pendingTouches: Array<{ keyId: number; at: Date }> = []
 
   /**
@@ -150,19 +202,55 @@ export const make = Effect.gen(function*() {
     pendingTouches.push({ keyId: key.id, at: new Date(now) })
   }
 
-  const authenticateKey = (authorization: string | undefined): Effect.Effect<Caller, GatewayError> => {
+  /** 429 for a refused address; a warning at most once a minute per address (the address is normalized, never header text). */
+  const refuse = (client: string, now: number, wait: number): Effect.Effect<never, GatewayError> => {
+    const refusal = Effect.fail(fail("too_many_failed_requests", { message: AuthMessages.tooManyFailedAuth, retryAfter: wait }))
+    const report = limiter.refused(client, now)
+    return report === null ? refusal : Effect.logWarning("failed authentication limit reached").pipe(
+      Effect.annotateLogs({
+        address: report.address,
+        failures_last_minute: report.failures,
+        refused_since_last_line: report.refused,
+        limit_per_minute: config.limits.failed_auth_per_minute
+      }),
+      Effect.andThen(refusal)
+    )
+  }
+
+  const invalidKey = (client: string, now: number): Effect.Effect<never, GatewayError> => {
+    limiter.record(client, now)
+    return Effect.fail(fail("invalid_api_key"))
+  }
+
+  /** A store read on behalf of `client`: under way it counts toward the limit, and when it finds nothing it is a failure. */
+  const lookup = <A>(client: string, now: number, read: Effect.Effect<A | null>): Effect.Effect<A | null> =>
+    Effect.suspend(() => {
+      limiter.begin(client)
+      return read
+    }).pipe(Effect.onExit((exit) =>
+      Effect.sync(() => limiter.end(client, now, Exit.isSuccess(exit) && exit.value === null))
+    ))
+
+  const authenticateKey = (authorization: string | undefined, client: string): Effect.Effect<Caller, GatewayError> => {
+    // No credential at all: nothing guessed and nothing to look up, so not counted.
+    if (authorization === undefined || authorization.trim() === "") return Effect.fail(fail("invalid_api_key"))
     const token = bearerToken(authorization)
-    if (token === null || !isWellFormed(token, config.key_prefix)) return Effect.fail(fail("invalid_api_key"))
-    const hash = hashKey(token)
+    const hash = token !== null && isWellFormed(token, config.key_prefix) ? hashKey(token) : null
     return Clock.currentTimeMillis.pipe(Effect.flatMap((now) => {
-      const hit = cache.get(hash)
-      if (hit && hit.expiresAt > now) {
-        if (hit.caller === null) return Effect.fail(fail("invalid_api_key"))
+      const hit = hash === null ? undefined : cache.get(hash)
+      // A valid cached key is served even from a refused address (a client behind the same NAT as a guesser).
+      if (hit !== undefined && hit.expiresAt > now && hit.caller !== null) {
         touch(hit.caller.key!, now)
         return Effect.succeed(hit.caller)
       }
+      // Past the limit nothing is looked up, except a key this replica last saw valid (its entry expired).
+      const wait = limiter.retryAfter(client, now)
+      if (wait > 0 && !hit?.caller) return refuse(client, now, wait)
+      // Malformed, or cached as unknown.
+      if (hash === null || (hit !== undefined && hit.expiresAt > now)) return invalidKey(client, now)
       const seen = invalidations
-      return store.findActiveKeyByHash(hash).pipe(Effect.flatMap((found) => {
+      keyLookups++
+      return lookup(client, now, store.findActiveKeyByHash(hash)).pipe(Effect.flatMap((found) => {
         const caller: Caller | null = found ? { account: found.account, key: found.key } : null
         if (seen === invalidations) {
           remember(
@@ -177,6 +265,29 @@ export const make = Effect.gen(function*() {
       }))
     }))
   }
+
+  const authenticateSession = (token: string, client: string): Effect.Effect<Caller | null, GatewayError> =>
+    Clock.currentTimeMillis.pipe(Effect.flatMap((now) => {
+      const wait = limiter.retryAfter(client, now)
+      if (wait > 0) return refuse(client, now, wait)
+      const unknown = () => {
+        limiter.record(client, now)
+        return null
+      }
+      if (token.length > MAX_SESSION_TOKEN_LENGTH) return Effect.sync(unknown)
+      const hash = hashKey(token)
+      const until = unknownSessions.get(hash)
+      if (until !== undefined && until > now) return Effect.sync(unknown)
+      sessionLookups++
+      return lookup(client, now, store.findSession(token)).pipe(Effect.map((account) => {
+        if (account) return { account, key: null }
+        rememberUnknownSession(hash, now)
+        return null
+      }))
+    }))
+
+  const clientAddress = (request: HttpServerRequest.HttpServerRequest) =>
+    addresses.of(Option.getOrUndefined(request.remoteAddress), request.headers["x-forwarded-for"])
 
   const lock = config.access.region_lock
   const countryHeader = lock.header.toLowerCase()
@@ -202,8 +313,10 @@ export const make = Effect.gen(function*() {
 
   return Auth.of({
     authenticateKey,
-    authenticateSession: (token) =>
-      store.findSession(token).pipe(Effect.map((account) => (account ? { account, key: null } : null))),
+    authenticateSession,
+    bearer: (request) => authenticateKey(request.headers.authorization, clientAddress(request)),
+    clientAddress,
+    storeLookups: Effect.sync(() => ({ keys: keyLookups, sessions: sessionLookups })),
     invalidateKeys: (hashes) => Effect.forEach(hashes, (hash) => announce(Invalidation.key(hash)), { discard: true }),
     invalidateAccount: (accountId) => announce(Invalidation.account(accountId)),
     invalidateCredentials: (accountId) => announce(Invalidation.credentials(accountId)),

@@ -180,6 +180,12 @@ export const InferenceMessages = {
   tooManyEmbeddingInputs: (max: number) => `input 은 최대 ${max}개까지 허용됩니다.`
 } as const
 
+/** Authentication variants. */
+export const AuthMessages = {
+  /** `too_many_failed_requests` for a client address with too many failed authentications. */
+  tooManyFailedAuth: "인증 실패가 너무 많습니다. API 키 또는 로그인 정보를 확인한 뒤 잠시 후 다시 시도하세요."
+} as const
+
 /** Account API variants. */
 export const AccountMessages = {
   /** `invalid_range`, listing the allowed ranges. */
@@ -229,7 +235,7 @@ const stages: { readonly [K in Code]: ReadonlyArray<InferenceStage> } = {
   malformed_http: [],
   request_timeout: [],
   headers_too_large: [],
-  too_many_failed_requests: ["gate"],
+  too_many_failed_requests: ["key", "gate"],
   invalid_api_key: ["key"],
   unauthorized: [],
   geo_restricted: ["gate"],

@@ -88,7 +88,7 @@ export const chatCompletions = HttpRouter.add(
     const log = yield* RequestLog
 
     const pipeline = Effect.gen(function*() {
-      const caller = yield* auth.authenticateKey(request.headers.authorization)
+      const caller = yield* auth.bearer(request)
       yield* guardFailures(caller)
       const exchange = yield* Exchange.open(caller, log)
 

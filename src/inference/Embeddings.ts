@@ -64,7 +64,7 @@ export const embeddings = HttpRouter.add(
     return yield* handle(
       renderInference,
       Effect.gen(function*() {
-        const caller = yield* auth.authenticateKey(request.headers.authorization)
+        const caller = yield* auth.bearer(request)
         yield* guardFailures(caller)
         const exchange = yield* Exchange.open(caller, log)
         /** One call; the exchange completes with its usage. */

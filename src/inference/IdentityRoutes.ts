@@ -19,7 +19,7 @@ export const me = HttpRouter.add(
     const auth = yield* Auth
     return yield* handle(
       renderInference,
-      auth.authenticateKey(request.headers.authorization).pipe(Effect.map(({ account, key }) =>
+      auth.bearer(request).pipe(Effect.map(({ account, key }) =>
         json({
           object: "account",
           id: account.id,
@@ -51,7 +51,7 @@ export const usage = HttpRouter.add(
     return yield* handle(
       renderInference,
       Effect.gen(function*() {
-        const { account } = yield* auth.authenticateKey(request.headers.authorization)
+        const { account } = yield* auth.bearer(request)
         const plan = settings.planFor(account.plan)
         const standing = yield* admission.standing(account.id, plan)
         const bucket = (pool: PoolStanding, lengthMs: number) =>

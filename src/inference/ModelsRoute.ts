@@ -39,7 +39,7 @@ export const listModels = HttpRouter.add(
     const catalog = yield* LiveCatalog
     return yield* handle(
       renderInference,
-      auth.authenticateKey(request.headers.authorization).pipe(
+      auth.bearer(request).pipe(
         Effect.map(() => json(listFor(catalog.current())))
       )
     )

@@ -142,6 +142,8 @@ export interface WindowStore {
   readonly take: (key: string | number, rule: RateRule, now: number) => Verdict
   readonly record: (key: string | number, rule: RateRule, now: number) => void
   readonly retryAfter: (key: string | number, rule: RateRule, now: number) => number
+  /** Hits counted against the limit at `now` (sliding: the weighted estimate); 0 for an unknown key. */
+  readonly count: (key: string | number, rule: RateRule, now: number) => number
   readonly size: () => number
 }
 
@@ -197,6 +199,13 @@ export const makeWindowStore = (maxKeys = MAX_TRACKED_KEYS): WindowStore => {
       advance(w, rule, now)
       w.until = w.start + memoryMs(rule)
       return waitSeconds(w, rule, now)
+    },
+    count: (key, rule, now) => {
+      const w = windows.get(key)
+      if (w === undefined || now >= w.until) return 0
+      advance(w, rule, now)
+      w.until = w.start + memoryMs(rule)
+      return estimate(w, rule, now)
     },
     size: () => windows.size
   }

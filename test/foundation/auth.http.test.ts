@@ -164,7 +164,7 @@ describe.skipIf(!postgres)("auth across two replicas on one PostgreSQL", () => {
 
   it("an account status change on one replica reaches the other's cache", async () => {
     const { key } = await issueKey(a)
-    const statusOnB = () => b.run(Effect.flatMap(Auth, (auth) => auth.authenticateKey(`Bearer ${key}`)))
+    const statusOnB = () => b.run(Effect.flatMap(Auth, (auth) => auth.authenticateKey(`Bearer ${key}`, "127.0.0.1")))
       .then((c) => c.account.status)
     expect(await statusOnB()).toBe("active")
     await a.run(Effect.gen(function*() {

@@ -66,7 +66,7 @@ const gateResult = (auth: Context.Service.Shape<typeof AuthModule.Auth>, row: Ac
   )
 
 const authResult = (auth: Context.Service.Shape<typeof AuthModule.Auth>, key: string) =>
-  auth.authenticateKey(`Bearer ${key}`).pipe(
+  auth.authenticateKey(`Bearer ${key}`, "127.0.0.1").pipe(
     Effect.result,
     Effect.map(Result.match({ onFailure: (e) => e.code as string, onSuccess: (c) => c.account.status }))
   )
@@ -200,7 +200,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         const row = yield* account()
         const { key } = yield* Effect.flatMap(AccountsRepo, (r) => r.createKey(row.id, "k"))
         const code = (header: string | undefined) =>
-          auth.authenticateKey(header).pipe(Effect.flip, Effect.map((e) => e.code))
+          auth.authenticateKey(header, "127.0.0.1").pipe(Effect.flip, Effect.map((e) => e.code))
         expect(yield* code(undefined)).toBe("invalid_api_key")
         expect(yield* code("")).toBe("invalid_api_key")
         expect(yield* code(key)).toBe("invalid_api_key") // no "Bearer"
@@ -211,7 +211,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* code(`Bearer ${key.slice(0, -1)}!`)).toBe("invalid_api_key")
         expect(yield* code(`Bearer ${generateKey("sk-ws-")}`)).toBe("invalid_api_key")
         // The scheme is case-insensitive.
-        expect((yield* auth.authenticateKey(`bearer ${key}`)).account.id).toBe(row.id)
+        expect((yield* auth.authenticateKey(`bearer ${key}`, "127.0.0.1")).account.id).toBe(row.id)
       })))
 
     it.effect("a cached key is served without the database for 60 s; invalidation drops it at once", () =>
@@ -268,7 +268,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* authResult(auth, key)).toBe("active") // cached copy
         yield* auth.invalidateAccount(row.id)
         expect(yield* authResult(auth, key)).toBe("unlinked")
-        const caller = yield* auth.authenticateKey(`Bearer ${key}`)
+        const caller = yield* auth.authenticateKey(`Bearer ${key}`, "127.0.0.1")
         expect(yield* gateResult(auth, caller.account)).toBe("account_unlinked")
       })))
 
@@ -283,17 +283,17 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         const lastUsed = Effect.map(repo.listActiveKeys(row.id), (keys) =>
           keys.find((k) => k.id === keyRow.id)!.last_used_at?.getTime() ?? null)
 
-        yield* auth.authenticateKey(`Bearer ${key}`)
+        yield* auth.authenticateKey(`Bearer ${key}`, "127.0.0.1")
         yield* auth.flushTouches
         expect(yield* lastUsed).toBe(start)
 
         yield* TestClock.adjust("30 seconds")
-        yield* auth.authenticateKey(`Bearer ${key}`)
+        yield* auth.authenticateKey(`Bearer ${key}`, "127.0.0.1")
         yield* auth.flushTouches
         expect(yield* lastUsed).toBe(start)
 
         yield* TestClock.adjust("31 seconds")
-        yield* auth.authenticateKey(`Bearer ${key}`)
+        yield* auth.authenticateKey(`Bearer ${key}`, "127.0.0.1")
         yield* auth.flushTouches
         expect(yield* lastUsed).toBe(start + 61_000)
       })))
@@ -303,10 +303,10 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         const auth = yield* makeAuth()
         const row = yield* account()
         const token = yield* Effect.flatMap(AccountsRepo, (r) => r.createSession(row.id, 1))
-        const found = yield* auth.authenticateSession(token)
+        const found = yield* auth.authenticateSession(token, "127.0.0.1")
         expect(found?.account.id).toBe(row.id)
         expect(found?.key).toBeNull()
-        expect(yield* auth.authenticateSession("nope")).toBeNull()
+        expect(yield* auth.authenticateSession("nope", "127.0.0.1")).toBeNull()
       })))
   })
 
@@ -327,7 +327,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
 
         // A key's last-used stamp, and its account's.
         const auth = yield* makeAuth()
-        yield* auth.authenticateKey(`Bearer ${b.key}`)
+        yield* auth.authenticateKey(`Bearer ${b.key}`, "127.0.0.1")
         yield* auth.flushTouches
         expect((yield* repo.findAccount(row.id))?.last_used_at?.getTime()).toBe(T + 1_000)
 

@@ -242,7 +242,7 @@ describe.skipIf(!postgres)("CLI on PostgreSQL with a running gateway", () => {
 
   it("account:status reaches the gateway's key cache", async () => {
     const key = keyOf(await run(["key:create", "--username", "old"]))
-    const cachedStatus = () => gw.run(Effect.flatMap(Auth, (a) => a.authenticateKey(`Bearer ${key}`))).then((c) => c.account.status)
+    const cachedStatus = () => gw.run(Effect.flatMap(Auth, (a) => a.authenticateKey(`Bearer ${key}`, "127.0.0.1"))).then((c) => c.account.status)
     expect(await cachedStatus()).toBe("unlinked")
     const r = await run(["account:status", "--username", "old", "--status", "active"])
     expect(r.code, r.stderr).toBe(0)
@@ -259,7 +259,7 @@ describe.skipIf(!postgres)("CLI on PostgreSQL with a running gateway", () => {
     expect(r.code, r.stderr).toBe(0)
     const token = /^ws-session=([0-9A-Za-z]{48})$/m.exec(r.stdout)?.[1]
     expect(token).toBeDefined()
-    const caller = await gw.run(Effect.flatMap(Auth, (a) => a.authenticateSession(token!)))
+    const caller = await gw.run(Effect.flatMap(Auth, (a) => a.authenticateSession(token!, "127.0.0.1")))
     expect(caller?.account.username).toBe("alice")
     const { rows } = await admin.query(
       "SELECT extract(epoch FROM expires_at - created_at)::int AS s FROM sessions WHERE account_id = $1",

@@ -19,7 +19,7 @@ const MAX_ERROR_BODY = 16 * 1024
 /** Lets the fuzz reach every check instead of stopping at the (separately tested) rate limits. */
 const generousLimits = (doc: ConfigDoc) => {
   doc.abuse = { burst: 1_000_000, window_seconds: 10, cooldown_seconds: 1 }
-  doc.limits = { ...doc.limits, failed_requests_per_minute: 1_000_000, snapshot_per_minute: 1_000_000 }
+  doc.limits = { ...doc.limits, failed_requests_per_minute: 1_000_000, failed_auth_per_minute: 1_000_000, snapshot_per_minute: 1_000_000 }
   for (const model of doc.catalog.models) model.rate_limit_rpm = 1_000_000
 }
 

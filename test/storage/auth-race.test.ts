@@ -16,7 +16,7 @@ import { backends, type StoreServices } from "./backends.js"
 const postgres = await serviceGate("postgres")
 
 const outcome = (auth: Context.Service.Shape<typeof AuthModule.Auth>, key: string) =>
-  auth.authenticateKey(`Bearer ${key}`).pipe(
+  auth.authenticateKey(`Bearer ${key}`, "127.0.0.1").pipe(
     Effect.result,
     Effect.map(Result.match({ onFailure: (e) => e.code as string, onSuccess: (c) => `ok:${c.account.id}` }))
   )
