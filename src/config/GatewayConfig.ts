@@ -4,6 +4,7 @@ import * as Path from "node:path"
 import * as Yaml from "yaml"
 import { ByokConfig } from "../byok/Config.js"
 import { isRange } from "../http/ClientAddress.js"
+import { ImagesConfig } from "../images/Config.js"
 import { ReasoningEffort } from "../wire/ChatSchemas.js"
 
 const PositiveInt = Schema.Int.check(Schema.isGreaterThan(0))
@@ -251,6 +252,8 @@ export const GatewayConfig = Schema.Struct({
    * `byok.encryption_key`.
    */
   byok: ByokConfig.pipe(withDefault(() => Schema.decodeSync(ByokConfig)({}))),
+  /** Image generation (src/images/Config.ts). */
+  images: ImagesConfig.pipe(withDefault(() => Schema.decodeSync(ImagesConfig)({}))),
   catalog: Catalog
 }).check(Schema.makeFilter((config) =>
   config.default_plan in config.plans

@@ -102,7 +102,20 @@ const raw = {
     400,
     "invalid_request_error",
     "허용되지 않는 주소입니다. 공개된 https 주소만 사용할 수 있습니다."
-  )
+  ),
+  // image endpoint (`{statusCode, message}`); `message` may be overridden with the field or category at fault
+  image_invalid: entry(400, "invalid_request_error", "이미지 요청 형식이 올바르지 않습니다."),
+  image_unsupported_action: entry(400, "invalid_request_error", "지원하지 않는 action 입니다. generate 만 사용할 수 있습니다."),
+  image_blocked: entry(400, "invalid_request_error", "금지된 내용이 포함된 프롬프트입니다."),
+  image_admin_only: entry(403, "access_denied", "현재 이미지 생성은 관리자만 사용할 수 있습니다."),
+  image_not_eligible: entry(403, "access_denied", "이 계정은 이미지 생성을 사용할 수 없습니다."),
+  image_pending_full: entry(429, "rate_limit_error", "대기 중인 이미지 요청이 너무 많습니다. 이전 요청이 끝난 뒤 다시 시도하세요."),
+  image_failed: entry(500, "server_error", "이미지 생성에 실패했습니다."),
+  image_disabled: entry(503, "service_unavailable", "이미지 생성 기능이 꺼져 있습니다."),
+  image_maintenance: entry(503, "service_unavailable", "이미지 생성 서버 점검 중입니다. 잠시 후 다시 시도하세요."),
+  image_congested: entry(503, "service_unavailable", "이미지 생성 대기열이 혼잡합니다. 잠시 후 다시 시도하세요."),
+  image_no_worker: entry(503, "service_unavailable", "현재 연결된 이미지 생성 서버가 없습니다. 잠시 후 다시 시도하세요."),
+  image_timeout: entry(504, "server_error", "이미지 생성 시간이 180초를 넘어 취소되었습니다.")
 } as const satisfies Record<string, Entry>
 
 export type Code = keyof typeof raw
@@ -268,7 +281,19 @@ const stages: { readonly [K in Code]: ReadonlyArray<InferenceStage> } = {
   byok_credential_conflict: [],
   byok_upstream_error: [],
   byok_credential_rejected: ["chat_request", "embeddings_request", "upstream"],
-  address_not_allowed: ["chat_request", "embeddings_request", "upstream"]
+  address_not_allowed: ["chat_request", "embeddings_request", "upstream"],
+  image_invalid: [],
+  image_unsupported_action: [],
+  image_blocked: [],
+  image_admin_only: [],
+  image_not_eligible: [],
+  image_pending_full: [],
+  image_failed: [],
+  image_disabled: [],
+  image_maintenance: [],
+  image_congested: [],
+  image_no_worker: [],
+  image_timeout: []
 }
 
 /** The codes answered at any of these stages, in catalog order. */

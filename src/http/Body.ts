@@ -19,7 +19,7 @@ import type { HttpServerRequest } from "effect/http"
 import type * as Http from "node:http"
 import type { LimitsConfig } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
-import { fail, type GatewayError } from "../errors/Catalog.js"
+import { fail, GatewayError } from "../errors/Catalog.js"
 import { parseJsonText } from "./Json.js"
 
 const MB = 1024 * 1024
@@ -48,19 +48,30 @@ const invalidUtf8 = () => fail("invalid_json", { message: "요청 본문이 올�
  * (never a replacement character). Each chunk is decoded as it arrives, so no event-loop turn decodes more than
  * one socket chunk, whatever the body size.
  */
-const readBoundedText = (
+/** What a bounded read does with the chunks: null to go on, or the error that ends the read. */
+interface Sink<A> {
+  readonly push: (chunk: Buffer) => GatewayError | null
+  readonly finish: () => GatewayError | A
+  readonly empty: A
+}
+
+/**
+ * Reads the body into `sink`, at most `limitBytes`: 413 `payload_too_large` past it (a declared length before a
+ * byte is read). Each chunk is handled as it arrives, so no event-loop turn works on more than one socket chunk.
+ */
+const readBounded = <A>(
   request: HttpServerRequest.HttpServerRequest,
-  limitBytes: number
-): Effect.Effect<string, GatewayError> =>
+  limitBytes: number,
+  makeSink: () => Sink<A>
+): Effect.Effect<A, GatewayError> =>
   Effect.suspend(() => {
     // HTTP/1.1 only (our own `http.createServer`), so always an `IncomingMessage`.
     const incoming = NodeHttpServerRequest.toIncomingMessage(request) as Http.IncomingMessage
     if (declaredOver(incoming.headers, limitBytes)) return Effect.fail(tooLarge(limitBytes))
-    if (incoming.readableEnded) return Effect.succeed("")
+    const sink = makeSink()
+    if (incoming.readableEnded) return Effect.succeed(sink.empty)
     // `resume` only: declaring a second (`signal`) parameter makes v4 allocate an AbortController per call.
-    return Effect.callback<string, GatewayError>((resume) => {
-      const decoder = new TextDecoder("utf-8", { fatal: true })
-      const parts: Array<string> = []
+    return Effect.callback<A, GatewayError>((resume) => {
       let bytes = 0
       const stop = () => {
         incoming.off("data", onData)
@@ -72,26 +83,18 @@ const readBoundedText = (
       const refuse = (error: GatewayError) => {
         stop()
         incoming.pause()
-        parts.length = 0
         resume(Effect.fail(error))
       }
       const onData = (chunk: Buffer) => {
         bytes += chunk.length
         if (bytes > limitBytes) return refuse(tooLarge(limitBytes))
-        try {
-          parts.push(decoder.decode(chunk, { stream: true }))
-        } catch {
-          refuse(invalidUtf8())
-        }
+        const error = sink.push(chunk)
+        if (error !== null) refuse(error)
       }
       const onEnd = () => {
         stop()
-        try {
-          parts.push(decoder.decode())
-        } catch {
-          return resume(Effect.fail(invalidUtf8()))
-        }
-        resume(Effect.succeed(parts.length === 1 ? parts[0]! : parts.join("")))
+        const result = sink.finish()
+        resume(result instanceof GatewayError ? Effect.fail(result) : Effect.succeed(result))
       }
       const onError = () => {
         stop()
@@ -107,6 +110,59 @@ const readBoundedText = (
       return Effect.sync(stop)
     })
   })
+
+/** The body as text: invalid UTF-8 is 400 `invalid_json` (never a replacement character). */
+const readBoundedText = (request: HttpServerRequest.HttpServerRequest, limitBytes: number) =>
+  readBounded(request, limitBytes, (): Sink<string> => {
+    const decoder = new TextDecoder("utf-8", { fatal: true })
+    const parts: Array<string> = []
+    return {
+      empty: "",
+      push: (chunk) => {
+        try {
+          parts.push(decoder.decode(chunk, { stream: true }))
+          return null
+        } catch {
+          parts.length = 0
+          return invalidUtf8()
+        }
+      },
+      finish: () => {
+        try {
+          parts.push(decoder.decode())
+        } catch {
+          return invalidUtf8()
+        }
+        return parts.length === 1 ? parts[0]! : parts.join("")
+      }
+    }
+  })
+
+/**
+ * A binary body (a worker's PNG) of one of `contentTypes`, at most `maxBytes`: 415 for another type, 413 past
+ * the bound. Like `readJson`, call it only once the caller is authenticated.
+ */
+export const readBytes = (
+  request: HttpServerRequest.HttpServerRequest,
+  options: { readonly maxBytes: number; readonly contentTypes: ReadonlyArray<string> }
+): Effect.Effect<Uint8Array, GatewayError> => {
+  const header = request.headers["content-type"]
+  const type = typeof header === "string" ? header.split(";", 1)[0]!.trim().toLowerCase() : ""
+  if (!options.contentTypes.includes(type)) {
+    return Effect.fail(fail("unsupported_content_type", { message: `요청 본문은 ${options.contentTypes.join(", ")} 이어야 합니다.` }))
+  }
+  return readBounded(request, options.maxBytes, (): Sink<Uint8Array> => {
+    const parts: Array<Buffer> = []
+    return {
+      empty: new Uint8Array(0),
+      push: (chunk) => {
+        parts.push(chunk)
+        return null
+      },
+      finish: () => Buffer.concat(parts)
+    }
+  })
+}
 
 /**
  * Content types a JSON body is read under: none, JSON, `text/plain` and `application/x-www-form-urlencoded`

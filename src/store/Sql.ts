@@ -9,13 +9,15 @@ import { EmbeddedServerError, startEmbeddedServer } from "./EmbeddedWorker.js"
 import migration0001 from "./migrations/0001_init.js"
 import migration0002 from "./migrations/0002_account_api.js"
 import migration0003 from "./migrations/0003_byok.js"
+import migration0004 from "./migrations/0004_images.js"
 
 export class StoreError extends Data.TaggedError("StoreError")<{ readonly message: string; readonly cause?: unknown }> {}
 
 export const migrations = Migrator.fromRecord({
   "0001_init": migration0001,
   "0002_account_api": migration0002,
-  "0003_byok": migration0003
+  "0003_byok": migration0003,
+  "0004_images": migration0004
 })
 
 export const runMigrations = Migrator.make({})({ loader: migrations, table: "wellspring_migrations" })

@@ -266,6 +266,26 @@ const measureLatencies = async (stop: Promise<unknown>) => {
   return result.latencies.sort((a, b) => a - b)
 }
 
+/** Every TypeScript file under `dir`. */
+const sourceFiles = (dir: string): Array<string> =>
+  Fs.readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {
+    const path = Path.join(dir, entry.name)
+    return entry.isDirectory() ? sourceFiles(path) : entry.name.endsWith(".ts") ? [path] : []
+  })
+
+describe("one body reader", () => {
+  it("nothing in src/ reads a request body except http/Body.ts", () => {
+    // The Node request (its stream) is reached in two places: the reader, and the server's check of whether a
+    // body was left unread (headers only). The platform's body accessors are used nowhere.
+    const readers = /toIncomingMessage\(|\.(?:arrayBuffer|urlParamsBody|multipart|multipartStream)\b|schemaBody\w*\(|\brequest\.(?:text|json|stream)\b/
+    const found = sourceFiles("src").filter((file) => readers.test(Fs.readFileSync(file, "utf8"))).map((f) => f.split(Path.sep).join("/"))
+    expect(found.sort()).toEqual(["src/http/Body.ts", "src/http/Server.ts"])
+    const server = Fs.readFileSync("src/http/Server.ts", "utf8")
+    expect(server.match(/toIncomingMessage\(/g)?.length).toBe(1)
+    expect(server).not.toMatch(/incoming\.(?:on|read|resume|pipe)\(/)
+  })
+})
+
 describe("hostile bodies on every registered route", () => {
   it("finds the routes of every origin, bodies or not", () => {
     const keys = routes.map((r) => `${r.method} ${r.path}`)

@@ -65,10 +65,24 @@ const openToOthers = (root: string): Array<string> => {
   return found
 }
 
+/**
+ * A copy of this Node binary that `nobody` can run. The project's own binary lives inside the checkout, which may
+ * sit in a folder other users cannot enter (a 0700 home, `mktemp -d`); the copy lives in `tmp`, which is 0755.
+ */
+let nodeForOthers: string | null = null
+const nodeBinaryForOthers = () => {
+  if (nodeForOthers === null) {
+    nodeForOthers = Path.join(tmp, "node")
+    Fs.copyFileSync(process.execPath, nodeForOthers)
+    Fs.chmodSync(nodeForOthers, 0o755)
+  }
+  return nodeForOthers
+}
+
 /** Runs a snippet as the unprivileged user `nobody` (only possible when the tests run as root). */
 const asNobody = (code: string) =>
   new Promise<string>((resolve, reject) => {
-    const child = ChildProcess.spawn(process.execPath, ["-e", code], { uid: 65534, gid: 65534, stdio: ["ignore", "pipe", "pipe"], cwd: "/" })
+    const child = ChildProcess.spawn(nodeBinaryForOthers(), ["-e", code], { uid: 65534, gid: 65534, stdio: ["ignore", "pipe", "pipe"], cwd: "/" })
     let out = ""
     child.stdout.on("data", (d: Buffer) => (out += d.toString()))
     child.stderr.on("data", (d: Buffer) => (out += d.toString()))
