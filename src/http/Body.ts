@@ -11,7 +11,8 @@
  *   leave the rest of the body unread; the server answers them with `Connection: close` (see Server.ts) so Node
  *   does not drain it;
  * - UTF-8, decoded chunk by chunk (invalid: 400 `invalid_json`);
- * - the nesting depth, scanned before parsing (400 `invalid_request`), then the parse (400 `invalid_json`).
+ * - the nesting depth, scanned piece by piece as the body arrives (400 `invalid_request` at the first piece past
+ *   it, the rest left unread), then the parse (400 `invalid_json`).
  */
 import { NodeHttpServerRequest } from "@effect/platform-node"
 import { Effect } from "effect"
@@ -20,7 +21,7 @@ import type * as Http from "node:http"
 import type { LimitsConfig } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
 import { fail, GatewayError } from "../errors/Catalog.js"
-import { parseJsonText } from "./Json.js"
+import { makeDepthScanner, parseScannedJson, tooDeep } from "./Json.js"
 
 const MB = 1024 * 1024
 
@@ -111,28 +112,41 @@ const readBounded = <A>(
     })
   })
 
-/** The body as text: invalid UTF-8 is 400 `invalid_json` (never a replacement character). */
-const readBoundedText = (request: HttpServerRequest.HttpServerRequest, limitBytes: number) =>
+/**
+ * The body as text: invalid UTF-8 is 400 `invalid_json` (never a replacement character); with `maxDepth`, JSON
+ * nested deeper is 400 `invalid_request` as soon as the piece that passes it arrives.
+ */
+const readBoundedText = (request: HttpServerRequest.HttpServerRequest, limitBytes: number, maxDepth?: number) =>
   readBounded(request, limitBytes, (): Sink<string> => {
     const decoder = new TextDecoder("utf-8", { fatal: true })
+    const deeper = maxDepth === undefined ? null : makeDepthScanner(maxDepth)
     const parts: Array<string> = []
     return {
       empty: "",
       push: (chunk) => {
+        let text: string
         try {
-          parts.push(decoder.decode(chunk, { stream: true }))
-          return null
+          text = decoder.decode(chunk, { stream: true })
         } catch {
           parts.length = 0
           return invalidUtf8()
         }
+        if (deeper !== null && deeper(text)) {
+          parts.length = 0
+          return tooDeep(maxDepth!)
+        }
+        parts.push(text)
+        return null
       },
       finish: () => {
+        let rest: string
         try {
-          parts.push(decoder.decode())
+          rest = decoder.decode()
         } catch {
           return invalidUtf8()
         }
+        if (deeper !== null && deeper(rest)) return tooDeep(maxDepth!)
+        parts.push(rest)
         return parts.length === 1 ? parts[0]! : parts.join("")
       }
     }
@@ -194,10 +208,10 @@ export const readJsonWith = (
 ): Effect.Effect<unknown, GatewayError> => {
   if (!acceptsContentType(request.headers["content-type"])) return Effect.fail(fail("unsupported_content_type"))
   const maxBytes = Math.min(options.maxBytes ?? limits.body_bytes, limits.body_bytes)
-  return Effect.flatMap(readBoundedText(request, maxBytes), (text) =>
+  return Effect.flatMap(readBoundedText(request, maxBytes, limits.json_depth), (text) =>
     options.emptyIsAbsent === true && text.trim() === ""
       ? Effect.succeed(undefined)
-      : parseJsonText(text, limits.json_depth))
+      : parseScannedJson(text))
 }
 
 /** `readJsonWith` under the live `limits`. */

@@ -43,13 +43,63 @@ export const exceedsJsonDepth = (text: string, max: number): boolean => {
 }
 
 /**
+ * `exceedsJsonDepth` over text that arrives in pieces: `feed` each piece in order; it answers true as soon as
+ * the nesting so far passes `max`, so a reader can stop before the rest of a hostile body arrives. String
+ * contents (and escapes split across pieces) are skipped as in `exceedsJsonDepth`.
+ */
+export const makeDepthScanner = (max: number) => {
+  let depth = 0
+  let inString = false
+  /** Backslashes at the end of what was fed, inside a string (an odd count escapes the next character). */
+  let slashes = 0
+  return (text: string): boolean => {
+    const n = text.length
+    let i = 0
+    while (i < n) {
+      if (inString) {
+        const q = text.indexOf("\"", i)
+        if (q === -1) {
+          let k = 0
+          while (k < n - i && text.charCodeAt(n - 1 - k) === BACKSLASH) k++
+          slashes = k === n - i ? slashes + k : k
+          return false
+        }
+        let k = 0
+        while (q - 1 - k >= i && text.charCodeAt(q - 1 - k) === BACKSLASH) k++
+        if (k === q - i) k += slashes
+        slashes = 0
+        i = q + 1
+        if (k % 2 === 0) inString = false
+        continue
+      }
+      const c = text.charCodeAt(i++)
+      if (c === QUOTE) {
+        inString = true
+        slashes = 0
+      } else if (c === OPEN_OBJECT || c === OPEN_ARRAY) {
+        if (++depth > max) return true
+      } else if (c === CLOSE_OBJECT || c === CLOSE_ARRAY) {
+        depth--
+      }
+    }
+    return false
+  }
+}
+
+/** The 400 for a body nested deeper than `maxDepth`. */
+export const tooDeep = (maxDepth: number): GatewayError =>
+  fail("invalid_request", { message: InferenceMessages.jsonTooDeep(maxDepth) })
+
+/**
  * Parses a request body: 400 `invalid_request` when it nests deeper than `maxDepth` (checked before parsing,
  * so nothing downstream recurses over hostile depth), 400 `invalid_json` when it is not JSON.
  */
 export const parseJsonBody = (text: string, maxDepth: number): Result.Result<unknown, GatewayError> => {
-  if (exceedsJsonDepth(text, maxDepth)) {
-    return Result.fail(fail("invalid_request", { message: InferenceMessages.jsonTooDeep(maxDepth) }))
-  }
+  if (exceedsJsonDepth(text, maxDepth)) return Result.fail(tooDeep(maxDepth))
+  return parseUnchecked(text)
+}
+
+const parseUnchecked = (text: string): Result.Result<unknown, GatewayError> => {
   try {
     return Result.succeed(JSON.parse(text))
   } catch {
@@ -81,6 +131,15 @@ export const parseJsonText = (text: string, maxDepth: number): Effect.Effect<unk
     ? Effect.fromResult(parseJsonBody(text, maxDepth))
     : nextTurn.pipe(
       Effect.andThen(Effect.suspend(() => Effect.fromResult(parseJsonBody(text, maxDepth)))),
+      Effect.tap(() => nextTurn)
+    )
+
+/** `parseJsonText` for text whose depth was already checked while it was read (`makeDepthScanner`). */
+export const parseScannedJson = (text: string): Effect.Effect<unknown, GatewayError> =>
+  text.length <= LARGE_BODY_CHARS
+    ? Effect.fromResult(parseUnchecked(text))
+    : nextTurn.pipe(
+      Effect.andThen(Effect.suspend(() => Effect.fromResult(parseUnchecked(text)))),
       Effect.tap(() => nextTurn)
     )
 

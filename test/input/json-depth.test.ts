@@ -4,7 +4,8 @@
  * depth is read off the text before parsing, skipping string contents.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { exceedsJsonDepth } from "../../src/http/Json.js"
+import * as fc from "fast-check"
+import { exceedsJsonDepth, makeDepthScanner } from "../../src/http/Json.js"
 import { chatUrl, postChat, user } from "../inference/helpers.js"
 import { authed, type TestGateway } from "../support/Gateway.js"
 import { Behaviour, Chunks, type MockUpstream, startMockUpstream } from "../support/MockUpstream.js"
@@ -102,5 +103,38 @@ describe("exceedsJsonDepth", () => {
     ["not JSON at all", "[[[[", 3, true]
   ])("%s", (_name, text, max, expected) => {
     expect(exceedsJsonDepth(text, max)).toBe(expected)
+  })
+})
+
+describe("makeDepthScanner", () => {
+  /** Feeds `text` in pieces cut at `cuts`; whether any piece reported the depth passed. */
+  const scanInPieces = (text: string, max: number, cuts: ReadonlyArray<number>) => {
+    const feed = makeDepthScanner(max)
+    let from = 0
+    for (const cut of [...cuts].sort((a, b) => a - b)) {
+      if (feed(text.slice(from, cut))) return true
+      from = cut
+    }
+    return feed(text.slice(from))
+  }
+
+  it("agrees with exceedsJsonDepth however the text is cut (escapes and quotes split across pieces)", () => {
+    // Strings heavy in backslashes and quotes, so that cuts fall between a backslash and what it escapes.
+    const piece = fc.constantFrom("[", "]", "{", "}", "\"", "\\", "\\\\", "\\\"", "a", ",", ":")
+    fc.assert(fc.property(
+      fc.array(piece, { maxLength: 60 }).map((parts) => parts.join("")),
+      fc.integer({ min: 0, max: 6 }),
+      fc.array(fc.nat(), { maxLength: 8 }),
+      (text, max, rawCuts) => {
+        const cuts = rawCuts.map((c) => c % (text.length + 1))
+        expect(scanInPieces(text, max, cuts)).toBe(exceedsJsonDepth(text, max))
+      }
+    ), { numRuns: 3000 })
+  })
+
+  it("answers at the first piece past the depth, without the rest", () => {
+    const feed = makeDepthScanner(64)
+    expect(feed("[".repeat(60))).toBe(false)
+    expect(feed("[".repeat(10))).toBe(true)
   })
 })
