@@ -2,6 +2,7 @@ import { Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { accountRoutes } from "./accounts/AccountRoutes.js"
 import * as AccountsRepo from "./accounts/AccountsRepo.js"
+import * as Leaderboard from "./accounts/Leaderboard.js"
 import * as Auth from "./auth/Auth.js"
 import * as Byok from "./byok/Byok.js"
 import * as Credentials from "./byok/Credentials.js"
@@ -18,6 +19,10 @@ import { listModels } from "./inference/ModelsRoute.js"
 import { openApiRoute } from "./inference/OpenApi.js"
 import type { Admission } from "./quota/Admission.js"
 import * as AdmissionLayer from "./quota/layer.js"
+import * as Refresh from "./runtime/Refresh.js"
+import * as RefreshRedis from "./runtime/RefreshRedis.js"
+import { pageRoutes, publicStatsRoutes, quotaRoute } from "./status/Routes.js"
+import * as Status from "./status/Status.js"
 import * as Sql from "./store/Sql.js"
 import * as GatewayLogger from "./telemetry/GatewayLogger.js"
 import * as RequestLog from "./telemetry/RequestLog.js"
@@ -32,10 +37,16 @@ export const inferenceRouter = Layer.mergeAll(
   usage,
   openApiRoute
 )
-/** Account API (`/api/user/*`) on the dashboard origin; see src/accounts/AccountRoutes.ts. */
-export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes)
-/** The status origin serves no routes yet (every path is a 404). */
-export const statusRouter: Layer.Layer<never> = Layer.empty
+/**
+ * Account API (`/api/user/*`) on the dashboard origin (src/accounts/AccountRoutes.ts), with `/api/quota` and the
+ * public status endpoints (src/status/Routes.ts).
+ */
+export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes, quotaRoute, publicStatsRoutes)
+/**
+ * The status origin: the status page at `/` and the public status endpoints. `publicStatsRoutes` is the same layer
+ * value as the account origin's, so a listener serving both registers it once.
+ */
+export const statusRouter = Layer.mergeAll(pageRoutes, publicStatsRoutes)
 
 /**
  * Creates the admin dev account `dev` when the database has no account yet, and returns its key (null when
@@ -93,9 +104,20 @@ export interface AppOptions {
   readonly byokGuard?: Byok.GuardExtras
 }
 
+/**
+ * Where background refreshes (status resources, leaderboard) agree on one replica's work per period: Redis when
+ * configured, else each process on its own.
+ */
+const refreshStore = (config: GatewayConfig): Layer.Layer<Refresh.RefreshStore> =>
+  config.redis_url === undefined ? Refresh.layerLocal : RefreshRedis.layer(config.redis_url, config.redis_key_prefix)
+
 /** Everything except the HTTP listeners: config, storage, services. */
 export const servicesLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
-  const base = Layer.merge(Live.layer(config, configPath), Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir }))
+  const base = Layer.mergeAll(
+    Live.layer(config, configPath),
+    Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir }),
+    refreshStore(config)
+  )
   const admission = options.admission ?? defaultAdmission
   const domain = Layer.mergeAll(
     Layer.provide(Auth.layer, Layer.provideMerge(AccountsRepo.layer, base)),
@@ -107,8 +129,12 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
     CredentialsRepo.layer
   )
-  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
-  return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))
+  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path; the status resources and
+  // the leaderboard refresh in the background from storage and admission.
+  return Layer.provideMerge(
+    Layer.mergeAll(Credentials.layer, Status.layer, Leaderboard.layer),
+    Layer.provideMerge(domain, base)
+  )
 }
 
 /**

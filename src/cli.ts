@@ -14,6 +14,7 @@ import * as Invalidation from "./auth/Invalidation.js"
 import { ConfigLoadError, type GatewayConfig, loadConfig } from "./config/GatewayConfig.js"
 import { makeSettings, Settings } from "./config/Live.js"
 import * as EmbeddedLock from "./store/EmbeddedLock.js"
+import * as Incidents from "./status/Incidents.js"
 import * as Sql from "./store/Sql.js"
 
 /** Bad arguments: exit code 2. */
@@ -288,13 +289,118 @@ const sessionCreate: CommandSpec = {
     })
 }
 
+/** A text flag within `max` characters (trimmed, not empty). */
+const boundedText = (flags: Flags, name: string, max: number): Effect.Effect<string | undefined, UsageError> => {
+  const value = text(flags, name)
+  if (value === undefined) return Effect.succeed(undefined)
+  const trimmed = value.trim()
+  if (trimmed === "") return Effect.fail(usage(`--${name} must not be empty`))
+  if (trimmed.length > max) return Effect.fail(usage(`--${name} is longer than ${max} characters`))
+  return Effect.succeed(trimmed)
+}
+
+const parseIncidentStatus = (value: string): Effect.Effect<Incidents.IncidentStatus, UsageError> =>
+  Incidents.isIncidentStatus(value)
+    ? Effect.succeed(value)
+    : Effect.fail(usage(`--status must be one of ${Incidents.INCIDENT_STATUSES.join(", ")}, got "${value}"`))
+
+const incidentStatusFlag = (flags: Flags) =>
+  text(flags, "status") === undefined ? Effect.succeed(undefined) : parseIncidentStatus(text(flags, "status")!)
+
+const describeIncident = (incident: Incidents.Incident) => `incident ${incident.id} "${incident.title}" (${incident.status})`
+
+/** The running gateways read incidents in their background refresh: no cache to invalidate. */
+const INCIDENT_NOTE = "the status page and /api/incidents show it within one refresh period (status.refresh_seconds)"
+
+const incidentCreate: CommandSpec = {
+  usage: "incident:create --title T [--message M] [--status investigating|identified|monitoring]",
+  summary: "open an incident on the status page; prints its id",
+  flags: { title: "value", message: "value", status: "value" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const title = yield* boundedText(flags, "title", Incidents.TITLE_MAX)
+      if (title === undefined) return yield* Effect.fail(usage("missing required flag --title"))
+      const message = yield* boundedText(flags, "message", Incidents.MESSAGE_MAX)
+      const status = (yield* incidentStatusFlag(flags)) ?? "investigating"
+      if (status === "resolved") return yield* Effect.fail(usage("a new incident cannot be resolved; use incident:resolve"))
+      const incident = yield* Incidents.createIncident(sql, { title, status, message })
+      yield* env.out(String(incident.id))
+      yield* env.out(`${describeIncident(incident)} created; ${INCIDENT_NOTE}`)
+    })
+}
+
+const incidentUpdate: CommandSpec = {
+  usage: "incident:update --id N --message M [--status investigating|identified|monitoring|resolved]",
+  summary: "post an update on an incident (optionally changing its status)",
+  flags: { id: "value", message: "value", status: "value" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const id = yield* parsePositiveInt("id", yield* required(flags, "id"))
+      const message = yield* boundedText(flags, "message", Incidents.MESSAGE_MAX)
+      if (message === undefined) return yield* Effect.fail(usage("missing required flag --message"))
+      const status = yield* incidentStatusFlag(flags)
+      const incident = yield* Incidents.updateIncident(sql, id, { message, status })
+      if (incident === null) return yield* Effect.fail(usage(`no incident with id ${id}`))
+      yield* env.out(`${describeIncident(incident)} updated; ${INCIDENT_NOTE}`)
+    })
+}
+
+/** Posted when `incident:resolve` is given no message. */
+export const RESOLVED_MESSAGE = "문제가 해결되었습니다."
+
+const incidentResolve: CommandSpec = {
+  usage: "incident:resolve --id N [--message M]",
+  summary: "resolve an incident",
+  flags: { id: "value", message: "value" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const id = yield* parsePositiveInt("id", yield* required(flags, "id"))
+      const message = (yield* boundedText(flags, "message", Incidents.MESSAGE_MAX)) ?? RESOLVED_MESSAGE
+      const open = yield* Incidents.incidentById(sql, id)
+      if (open === null) return yield* Effect.fail(usage(`no incident with id ${id}`))
+      if (open.status === "resolved") return yield* Effect.fail(usage(`incident ${id} is already resolved`))
+      const incident = yield* Incidents.updateIncident(sql, id, { message, status: "resolved" })
+      yield* env.out(`${describeIncident(incident!)} resolved; ${INCIDENT_NOTE}`)
+    })
+}
+
+const incidentList: CommandSpec = {
+  usage: "incident:list [--limit N]",
+  summary: "list the newest incidents (default 20)",
+  flags: { limit: "value" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const sql = yield* SqlClient.SqlClient
+      const limit = text(flags, "limit") === undefined ? 20 : yield* parsePositiveInt("limit", text(flags, "limit")!)
+      const { incidents, active } = yield* Incidents.recentIncidents(sql, Math.min(limit, 1000))
+      if (incidents.length === 0) return yield* env.out("no incidents")
+      const rows = incidents.map((i) => [
+        String(i.id),
+        i.status,
+        iso(new Date(i.created_at)),
+        iso(new Date(i.updated_at)),
+        String(i.updates.length),
+        i.title
+      ])
+      yield* env.out(formatTable(["ID", "STATUS", "CREATED", "UPDATED", "UPDATES", "TITLE"], rows))
+      yield* env.out(`${active} not resolved`)
+    })
+}
+
 export const commands: Readonly<Record<string, CommandSpec>> = {
   "account:create": accountCreate,
   "account:status": accountStatus,
   "key:create": keyCreate,
   "key:list": keyList,
   "key:revoke": keyRevoke,
-  "session:create": sessionCreate
+  "session:create": sessionCreate,
+  "incident:create": incidentCreate,
+  "incident:update": incidentUpdate,
+  "incident:resolve": incidentResolve,
+  "incident:list": incidentList
 }
 
 export const helpText = (command?: string): string => {
@@ -303,7 +409,7 @@ export const helpText = (command?: string): string => {
     return `Usage: npm run cli -- ${spec.usage}\n\n${spec.summary}.\n\n` +
       "Global flags: --config PATH  --data-dir DIR  --database-url URL (override config/gateway.yaml and env)\n"
   }
-  const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(15)} ${c.summary}`)
+  const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(17)} ${c.summary}`)
   return [
     "Usage: npm run cli -- <command> [flags]",
     "",

@@ -4,7 +4,6 @@ import * as Crypto from "node:crypto"
 import { generateKey, hashKey, keyPrefixOf, LEGACY_PREFIX, open, randomBase62, seal } from "../auth/KeyMaterial.js"
 import type { AccountRow, KeyRow } from "../auth/Rows.js"
 import { Settings } from "../config/Live.js"
-import { type Leaderboard, loadTotals, makeLeaderboard } from "./Leaderboard.js"
 
 export const ACCOUNT_STATUSES = ["active", "unlinked", "revoked"] as const
 export type AccountStatus = (typeof ACCOUNT_STATUSES)[number]
@@ -76,8 +75,6 @@ export class AccountsRepo extends Context.Service<AccountsRepo, {
     readonly row: KeyRow
     readonly revoked: ReadonlyArray<KeyRow>
   } | null>
-  /** Today's leaderboard, aggregated at most once per 30 s for every caller of this replica. */
-  readonly leaderboard: Leaderboard
 }>()("wellspring/accounts/AccountsRepo") {}
 
 export const make = Effect.gen(function*() {
@@ -92,7 +89,6 @@ export const make = Effect.gen(function*() {
    * cooldowns and caches use. Session expiry alone stays with the database's `now()`, on both sides.
    */
   const clockDate = Effect.map(Clock.currentTimeMillis, (ms) => new Date(ms))
-  const leaderboard = yield* makeLeaderboard((dayStart) => loadTotals(sql, dayStart))
 
   const findAccount = (id: string) =>
     orDie(sql<AccountRow>`SELECT * FROM accounts WHERE id = ${id}`).pipe(Effect.map((rows) => rows[0] ?? null))
@@ -222,8 +218,7 @@ export const make = Effect.gen(function*() {
           WHERE account_id = ${accountId} AND revoked_at IS NULL RETURNING *`
         const { key, row } = yield* insertKey(accountId, ROTATED_KEY_LABEL, false)
         return { key, row, revoked }
-      }))),
-    leaderboard
+      })))
   })
 })
 

@@ -1,9 +1,12 @@
-import { Clock, Effect, Option, Semaphore } from "effect"
+import { Clock, Context, Effect, Layer, type Scope } from "effect"
+import { SqlClient } from "effect/sql"
 import { DAY_MS } from "../quota/Policy.js"
+import * as Refresh from "../runtime/Refresh.js"
+import { leaderboardTotals } from "../telemetry/RequestQueries.js"
 
 /**
- * How long one aggregate of today's leaderboard is served. Snapshots within this time share one query;
- * other accounts' positions may be this much behind (the caller's own figures are always fresh).
+ * How often today's leaderboard is re-aggregated (in the background, `runtime/Refresh.ts`). Other accounts'
+ * positions may be this much behind; the caller's own figures are always fresh.
  */
 export const LEADERBOARD_TTL_MS = 30_000
 
@@ -39,64 +42,61 @@ export const standingOn = (board: Board, tokens: number, ranked: boolean) => ({
   leader_tokens: Math.max(board.totals.length > 0 ? board.totals[0]! : 0, ranked ? tokens : 0)
 })
 
-export interface Leaderboard {
-  /** Today's board: cached for LEADERBOARD_TTL_MS (Effect clock), refreshed by one fiber at a time. */
+export class Leaderboard extends Context.Service<Leaderboard, {
+  /** Today's board, from memory; waits only when there is none for today yet (first start, a new day). */
   readonly today: Effect.Effect<Board>
-  /** Forgets the cached board; the next `today` aggregates again (tests, operators). */
+  /** Forgets the board; the next `today` waits for a fresh aggregate (tests, operators). */
   readonly invalidate: Effect.Effect<void>
-  /** Aggregates run so far (observability and tests). */
+  /** Aggregates this process ran so far (observability and tests). */
   readonly computations: () => number
-}
+}>()("wellspring/accounts/Leaderboard") {}
 
 /** The one aggregate over every account's rows of today (telemetry/RequestQueries.ts). */
 export { leaderboardTotals as loadTotals } from "../telemetry/RequestQueries.js"
 
+/** A board is used on its own day only, and never when it comes from the future (a clock set back). */
+const usable = (snapshot: Refresh.Snapshot<Board>, now: number) =>
+  snapshot.value.dayStart === leaderboardDayStart(now) && now >= snapshot.value.computedAt
+
+const codec: Refresh.Codec<Board> = {
+  encode: (board) => ({ dayStart: board.dayStart, computedAt: board.computedAt, totals: Array.from(board.totals) }),
+  decode: (json) => {
+    const j = json as { dayStart?: unknown; computedAt?: unknown; totals?: unknown } | null
+    return typeof j?.dayStart === "number" && typeof j.computedAt === "number" && Array.isArray(j.totals)
+      ? { dayStart: j.dayStart, computedAt: j.computedAt, totals: Float64Array.from(j.totals as Array<number>) }
+      : null
+  }
+}
+
 /**
- * A single-flight cache around `load`. A fresh board is returned as is. When it is stale, one caller
- * refreshes while the others keep getting the stale board of the same day; with no board for today, callers
- * wait for the one refresh. A failed refresh is not cached: the next caller tries again.
+ * Today's board on the shared background-refresh helper: aggregated every `everyMs` by one fiber (one replica
+ * when Redis is configured), served from memory to every snapshot. On a new day the first reader waits for
+ * that day's aggregate instead of getting yesterday's board.
  */
 export const makeLeaderboard = (
   load: (dayStart: Date) => Effect.Effect<Float64Array>,
-  ttlMs: number = LEADERBOARD_TTL_MS
-): Effect.Effect<Leaderboard> =>
+  everyMs: number = LEADERBOARD_TTL_MS
+): Effect.Effect<Context.Service.Shape<typeof Leaderboard>, never, Refresh.RefreshStore | Scope.Scope> =>
   Effect.gen(function*() {
-    const lock = yield* Semaphore.make(1)
-    let current: Board | null = null
-    let computations = 0
-
-    /** Same day, not from the future (a clock set back), younger than the TTL. */
-    const sameDay = (board: Board, now: number) => board.dayStart === leaderboardDayStart(now) && now >= board.computedAt
-    const isFresh = (board: Board, now: number) => sameDay(board, now) && now - board.computedAt < ttlMs
-
-    const refresh: Effect.Effect<Board> = Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
-      // Another fiber may have refreshed while this one waited for the lock.
-      if (current !== null && isFresh(current, now)) return current
-      const dayStart = leaderboardDayStart(now)
-      computations++
-      const totals = yield* load(new Date(dayStart))
-      const board: Board = { dayStart, computedAt: now, totals }
-      current = board
-      return board
+    const refresher = yield* Refresh.make<Board>({
+      name: "leaderboard",
+      every: everyMs,
+      usable,
+      shared: codec,
+      load: Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        const dayStart = leaderboardDayStart(now)
+        return { dayStart, computedAt: now, totals: yield* load(new Date(dayStart)) }
+      })
     })
-
-    const today = Effect.gen(function*() {
-      const now = yield* Clock.currentTimeMillis
-      const cached = current
-      if (cached !== null && isFresh(cached, now)) return cached
-      if (cached !== null && sameDay(cached, now)) {
-        const refreshed = yield* lock.withPermitsIfAvailable(1)(refresh)
-        return Option.getOrElse(refreshed, () => cached)
-      }
-      return yield* lock.withPermits(1)(refresh)
+    return Leaderboard.of({
+      today: Effect.map(refresher.get, (snapshot) => snapshot.value),
+      invalidate: refresher.invalidate,
+      computations: refresher.loads
     })
-
-    return {
-      today,
-      invalidate: Effect.sync(() => {
-        current = null
-      }),
-      computations: () => computations
-    }
   })
+
+export const layer: Layer.Layer<Leaderboard, never, SqlClient.SqlClient | Refresh.RefreshStore> = Layer.effect(
+  Leaderboard,
+  Effect.flatMap(SqlClient.SqlClient, (sql) => makeLeaderboard((dayStart) => leaderboardTotals(sql, dayStart)))
+)

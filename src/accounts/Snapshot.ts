@@ -6,8 +6,8 @@ import { fail, type GatewayError } from "../errors/Catalog.js"
 import { Admission, type PoolStanding } from "../quota/Admission.js"
 import { DAY_MS, round2, WEEK_MS } from "../quota/Policy.js"
 import { type ModelShare, snapshotRows, usageByModel, windowStart } from "../telemetry/RequestQueries.js"
-import { type AccountRow, AccountsRepo } from "./AccountsRepo.js"
-import { leaderboardDayStart, standingOn } from "./Leaderboard.js"
+import type { AccountRow } from "./AccountsRepo.js"
+import { Leaderboard, leaderboardDayStart, standingOn } from "./Leaderboard.js"
 
 /**
  * Prefix of the community-identity fields of `profile` (the spec's `<community>Id` / `<community>Type`).
@@ -81,17 +81,17 @@ export { leaderboardDayStart }
 /**
  * `GET /api/user/me`: the bare eleven-key snapshot. The caller's own figures are read fresh (account row,
  * request rows, quota standing) with queries on the (account_id, created_at) index; the leaderboard (today's
- * tokens, input + output, of non-guest accounts) comes from the shared cache of Leaderboard.ts, so a snapshot
+ * tokens, input + output, of non-guest accounts) comes from the background-refreshed board of Leaderboard.ts, so a snapshot
  * never aggregates other accounts' rows itself.
  */
 export const snapshot = (
   account: AccountRow
-): Effect.Effect<Record<string, unknown>, GatewayError, SqlClient.SqlClient | Settings | Admission | AccountsRepo> =>
+): Effect.Effect<Record<string, unknown>, GatewayError, SqlClient.SqlClient | Settings | Admission | Leaderboard> =>
   Effect.gen(function*() {
     if (blocksSnapshot(account)) return yield* Effect.fail(fail("legacy_account_upgrade_required"))
     const settings = yield* Settings
     const admission = yield* Admission
-    const repo = yield* AccountsRepo
+    const leaderboard = yield* Leaderboard
     const now = yield* Clock.currentTimeMillis
     const plan: PlanConfig = settings.planFor(account.plan)
     const dayAgo = new Date(now - DAY_MS)
@@ -105,7 +105,7 @@ export const snapshot = (
     ])
 
     const { models, recent, self } = yield* snapshotRows(account.id, RECENT_REQUESTS, dayAgo, dayStart)
-    const board = yield* repo.leaderboard.today
+    const board = yield* leaderboard.today
     const { leader_tokens, rank } = standingOn(board, self.tokens, !account.is_guest)
 
     const hidden = plan.hide_absolutes

@@ -5,6 +5,7 @@ import * as Yaml from "yaml"
 import { ByokConfig } from "../byok/Config.js"
 import { isRange } from "../http/ClientAddress.js"
 import { ImagesConfig } from "../images/Config.js"
+import { StatusConfig } from "../status/Config.js"
 import { ReasoningEffort } from "../wire/ChatSchemas.js"
 
 const PositiveInt = Schema.Int.check(Schema.isGreaterThan(0))
@@ -254,6 +255,8 @@ export const GatewayConfig = Schema.Struct({
   byok: ByokConfig.pipe(withDefault(() => Schema.decodeSync(ByokConfig)({}))),
   /** Image generation (src/images/Config.ts). */
   images: ImagesConfig.pipe(withDefault(() => Schema.decodeSync(ImagesConfig)({}))),
+  /** Public status resources and the status page (src/status/Config.ts). */
+  status: StatusConfig.pipe(withDefault(() => Schema.decodeSync(StatusConfig)({}))),
   catalog: Catalog
 }).check(Schema.makeFilter((config) =>
   config.default_plan in config.plans

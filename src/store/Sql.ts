@@ -10,6 +10,7 @@ import migration0001 from "./migrations/0001_init.js"
 import migration0002 from "./migrations/0002_account_api.js"
 import migration0003 from "./migrations/0003_byok.js"
 import migration0004 from "./migrations/0004_images.js"
+import migration0005 from "./migrations/0005_incidents.js"
 
 export class StoreError extends Data.TaggedError("StoreError")<{ readonly message: string; readonly cause?: unknown }> {}
 
@@ -17,7 +18,8 @@ export const migrations = Migrator.fromRecord({
   "0001_init": migration0001,
   "0002_account_api": migration0002,
   "0003_byok": migration0003,
-  "0004_images": migration0004
+  "0004_images": migration0004,
+  "0005_incidents": migration0005
 })
 
 export const runMigrations = Migrator.make({})({ loader: migrations, table: "wellspring_migrations" })

@@ -5,7 +5,8 @@
  * failures are defects (rendered 503 when the store is down).
  *
  * Every per-account query filters on `account_id` (and `created_at`), served by the (account_id, created_at)
- * index; only the leaderboard aggregates every account, and it is cached (accounts/Leaderboard.ts).
+ * index; only the leaderboard and the public status resources aggregate every account, and they run in the
+ * background refresh (runtime/Refresh.ts), never per request.
  */
 import { Effect } from "effect"
 import { SqlClient, type Statement } from "effect/sql"
@@ -325,5 +326,166 @@ export const leaderboardTotals = (sql: SqlClient.SqlClient, dayStart: Date): Eff
     HAVING sum(r.input_tokens::bigint + r.output_tokens) > 0
     ORDER BY tokens DESC`.pipe(
     Effect.map((rows) => Float64Array.from(rows, (row) => Number(row.tokens))),
+    Effect.orDie
+  )
+
+// ---------------------------------------------------------------------------------------------
+// The public status resources (status/Status.ts). Each runs in the background refresh, never per request.
+// Platform-wide time windows read the (created_at) index, per-model ones the (model_id, created_at) index.
+
+/**
+ * A failure the model is to blame for: a 5xx of the model or the gateway. Refusals of the caller's own making
+ * (4xx, quota and rate limits), capacity refusals (529: the concurrency gate, before any upstream call) and
+ * client disconnects (`cancelled`) are not.
+ */
+const MODEL_FAILURE = "status = 'error' AND http_status >= 500 AND http_status <> 529"
+
+/** Per model: what decides its health and speed. `window` rows are the health window's. */
+export interface FleetHealthRow {
+  readonly model_id: string
+  readonly window_successes: number
+  readonly window_failures: number
+  /** Mean over the last hour of successful requests; null without any. */
+  readonly ttfb_ms: number | null
+  readonly tps: number | null
+}
+
+export interface FleetRecentRow {
+  readonly model_id: string
+  readonly attempts: number
+  readonly failures: number
+}
+
+export interface FleetBucketRow {
+  readonly model_id: string
+  /** 0: the 10 minutes ending now, 1: the 10 before, ... */
+  readonly age: number
+  readonly output_tokens: number
+}
+
+export interface FleetRows {
+  readonly health: ReadonlyArray<FleetHealthRow>
+  readonly recent: ReadonlyArray<FleetRecentRow>
+  readonly buckets: ReadonlyArray<FleetBucketRow>
+  /** Models with any request (any outcome) since `idleSince`. */
+  readonly seen: ReadonlyArray<string>
+}
+
+export const SPARK_BUCKETS = 7
+export const SPARK_BUCKET_MS = 10 * 60_000
+
+/**
+ * The fleet's figures at `now` for `models`, from pool traffic only (BYOK requests go to the caller's own
+ * provider, not the fleet): rows in `(now - x, now]`.
+ */
+export const fleetRows = (
+  sql: SqlClient.SqlClient,
+  input: {
+    readonly models: ReadonlyArray<string>
+    readonly now: number
+    readonly windowMs: number
+    readonly recent: number
+    readonly idleMs: number
+  }
+): Effect.Effect<FleetRows> =>
+  Effect.gen(function*() {
+    if (input.models.length === 0) return { health: [], recent: [], buckets: [], seen: [] }
+    const now = new Date(input.now)
+    const windowSince = new Date(input.now - input.windowMs)
+    const hourAgo = new Date(input.now - 3_600_000)
+    const sparkSince = new Date(input.now - SPARK_BUCKETS * SPARK_BUCKET_MS)
+    const since = new Date(Math.min(windowSince.getTime(), hourAgo.getTime(), sparkSince.getTime()))
+    const failure = sql.literal(MODEL_FAILURE)
+    const scope = sql`${sql.in("model_id", input.models)} AND NOT byok AND created_at <= ${now}`
+
+    const health = yield* sql<FleetHealthRow>`
+      SELECT model_id,
+        count(*) FILTER (WHERE created_at > ${windowSince} AND status = 'success')::int AS window_successes,
+        count(*) FILTER (WHERE created_at > ${windowSince} AND ${failure})::int AS window_failures,
+        avg(ttfb_ms) FILTER (WHERE created_at > ${hourAgo} AND status = 'success' AND ttfb_ms IS NOT NULL)::float8 AS ttfb_ms,
+        avg(tps) FILTER (WHERE created_at > ${hourAgo} AND status = 'success' AND tps > 0)::float8 AS tps
+      FROM request_log WHERE ${scope} AND created_at > ${since}
+      GROUP BY model_id`
+
+    const recent = yield* sql<FleetRecentRow>`
+      SELECT model_id, count(*)::int AS attempts, count(*) FILTER (WHERE failed)::int AS failures
+      FROM (
+        SELECT model_id, (${failure}) AS failed,
+          row_number() OVER (PARTITION BY model_id ORDER BY created_at DESC, id DESC) AS n
+        FROM request_log
+        WHERE ${scope} AND created_at > ${windowSince} AND (status = 'success' OR (${failure}))
+      ) counted
+      WHERE n <= ${input.recent}::int
+      GROUP BY model_id`
+
+    const buckets = yield* sql<FleetBucketRow>`
+      SELECT model_id,
+        floor(extract(epoch FROM (${now}::timestamptz - created_at)) * 1000 / ${SPARK_BUCKET_MS}::int)::int AS age,
+        coalesce(sum(output_tokens), 0)::bigint AS output_tokens
+      FROM request_log WHERE ${scope} AND created_at > ${sparkSince}
+      GROUP BY 1, 2`
+
+    // Idle: one index probe per model without traffic in the aggregates above.
+    const active = new Set(health.map((row) => row.model_id))
+    const seen = [...active]
+    const idleSince = new Date(input.now - input.idleMs)
+    for (const model of input.models) {
+      if (active.has(model)) continue
+      const rows = yield* sql<{ one: number }>`
+        SELECT 1 AS one FROM request_log
+        WHERE model_id = ${model} AND NOT byok AND created_at > ${idleSince} AND created_at <= ${now} LIMIT 1`
+      if (rows.length > 0) seen.push(model)
+    }
+    return { health, recent, buckets, seen }
+  }).pipe(Effect.orDie)
+
+/** Successful pool requests to `models` since `since` (the quota day). */
+export const requestsSince = (
+  sql: SqlClient.SqlClient,
+  models: ReadonlyArray<string>,
+  since: Date
+): Effect.Effect<number> =>
+  models.length === 0 ? Effect.succeed(0) : sql<{ n: number }>`
+    SELECT count(*)::int AS n FROM request_log
+    WHERE ${sql.in("model_id", models)} AND NOT byok AND status = 'success' AND created_at >= ${since}`.pipe(
+    Effect.map((rows) => rows[0]?.n ?? 0),
+    Effect.orDie
+  )
+
+export interface ServerRow {
+  /** Accounts with a request since `activeSince`. */
+  readonly users: number
+  /** Output tokens of the last 10 minutes. */
+  readonly output_tokens: number
+}
+
+/** Active accounts since `activeSince`, and the output of the 10 minutes before `now`: all traffic. */
+export const serverRow = (sql: SqlClient.SqlClient, activeSince: Date, now: Date): Effect.Effect<ServerRow> =>
+  Effect.gen(function*() {
+    const tenMinutesAgo = new Date(now.getTime() - SPARK_BUCKET_MS)
+    const [users] = yield* sql<{ users: number }>`
+      SELECT count(DISTINCT account_id)::int AS users FROM request_log
+      WHERE created_at >= ${activeSince} AND created_at <= ${now}`
+    const [output] = yield* sql<{ output_tokens: number }>`
+      SELECT coalesce(sum(output_tokens), 0)::bigint AS output_tokens FROM request_log
+      WHERE created_at > ${tenMinutesAgo} AND created_at <= ${now}`
+    return { users: users?.users ?? 0, output_tokens: output?.output_tokens ?? 0 }
+  }).pipe(Effect.orDie)
+
+export interface AllTimeRow {
+  /** Successful requests. */
+  readonly requests: number
+  readonly input: number
+  readonly output: number
+}
+
+/** Totals over every row ever written (a scan: refreshed rarely). */
+export const allTimeRow = (sql: SqlClient.SqlClient): Effect.Effect<AllTimeRow> =>
+  sql<AllTimeRow>`
+    SELECT count(*) FILTER (WHERE status = 'success')::bigint AS requests,
+      coalesce(sum(input_tokens), 0)::bigint AS input,
+      coalesce(sum(output_tokens), 0)::bigint AS output
+    FROM request_log`.pipe(
+    Effect.map((rows) => rows[0] ?? { requests: 0, input: 0, output: 0 }),
     Effect.orDie
   )

@@ -7,6 +7,7 @@ import { TestClock } from "effect/testing"
 import * as Crypto from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
+import { Leaderboard } from "../../src/accounts/Leaderboard.js"
 import { rotateKey } from "../../src/accounts/Keys.js"
 import { Auth } from "../../src/auth/Auth.js"
 import { hashKey } from "../../src/auth/KeyMaterial.js"
@@ -355,8 +356,8 @@ describe.each(backends)("account API on $name", ({ postgres }) => {
         // Guests are not on the board.
         ...big(guest.account.id, 5)
       ])
-      // The board is cached for 30 s (Leaderboard.ts); these rows were written behind its back.
-      await gw.run(Effect.flatMap(AccountsRepo, (repo) => repo.leaderboard.invalidate))
+      // The board is refreshed every 30 s (Leaderboard.ts); these rows were written behind its back.
+      await gw.run(Effect.flatMap(Leaderboard, (board) => board.invalidate))
       const a = (await call(gw, "GET", "/api/user/me", { key: top.key })).body
       const b = (await call(gw, "GET", "/api/user/me", { key: second.key })).body
       const g = (await call(gw, "GET", "/api/user/me", { key: guest.key })).body
@@ -379,7 +380,7 @@ describe.each(backends)("account API on $name", ({ postgres }) => {
         row(big.account.id, { input_tokens: 2_000_000_000, output_tokens: 1_000_000_000, created_at: now }),
         row(small.account.id, { input_tokens: 2_000_000_000, output_tokens: 1_000_000_000, created_at: now })
       ])
-      await gw.run(Effect.flatMap(AccountsRepo, (repo) => repo.leaderboard.invalidate))
+      await gw.run(Effect.flatMap(Leaderboard, (board) => board.invalidate))
       const a = (await call(gw, "GET", "/api/user/me", { key: big.key })).body
       const b = (await call(gw, "GET", "/api/user/me", { key: small.key })).body
       expect(a.rank).toBe(1)
