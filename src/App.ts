@@ -102,6 +102,8 @@ export interface AppOptions {
   readonly logSink?: GatewayLogger.LineSink
   /** The BYOK address guard's resolver and TLS roots (tests: names that resolve where they say). */
   readonly byokGuard?: Byok.GuardExtras
+  /** Sees every database connection (tests count the statements sent). */
+  readonly sqlTap?: Sql.WireTap
 }
 
 /**
@@ -115,7 +117,7 @@ const refreshStore = (config: GatewayConfig): Layer.Layer<Refresh.RefreshStore> 
 export const servicesLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
   const base = Layer.mergeAll(
     Live.layer(config, configPath),
-    Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir }),
+    Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir, tap: options.sqlTap }),
     refreshStore(config)
   )
   const admission = options.admission ?? defaultAdmission

@@ -2,6 +2,7 @@ import { PgClient, PgTypes } from "@effect/sql-pg"
 import { Data, Duration, Effect, Layer, Redacted, Result } from "effect"
 import { Migrator, SqlClient } from "effect/sql"
 import * as Fs from "node:fs"
+import * as Net from "node:net"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import * as EmbeddedLock from "./EmbeddedLock.js"
@@ -72,14 +73,34 @@ export const rootMessage = (error: unknown): string => {
 const makeChecked = (config: PgClient.PgPoolConfig) =>
   Effect.tap(PgClient.make(config), (client) => client`SELECT 1`)
 
+/**
+ * Sees every connection the client opens to the database (tests count the statements sent on them). Absent in
+ * production: sql-pg then opens its sockets itself.
+ */
+export type WireTap = (socket: Net.Socket) => void
+
+/** sql-pg's `stream` option: the socket sql-pg would open, shown to `tap` first. */
+const tappedStream = (tap: WireTap | undefined, open: () => Net.Socket) =>
+  tap === undefined ? {} : {
+    stream: () => {
+      const socket = open()
+      tap(socket)
+      return socket
+    }
+  }
+
 /** Connects to a real PostgreSQL server; an unreachable server fails with one clear StoreError. */
-export const layerPostgres = (url: Redacted.Redacted<string>, maxConnections = 10) =>
+export const layerPostgres = (url: Redacted.Redacted<string>, maxConnections = 10, tap?: WireTap) =>
   PgClient.layerFrom(
     makeChecked({
       url,
       maxConnections,
       connectTimeout: Duration.seconds(5),
-      types: numberTypes()
+      types: numberTypes(),
+      ...tappedStream(tap, () => {
+        const parsed = new URL(Redacted.value(url))
+        return Net.connect({ host: parsed.hostname, port: Number(parsed.port || 5432), noDelay: true })
+      })
     }).pipe(Effect.mapError((cause) =>
       new StoreError({
         message: `cannot connect to PostgreSQL at ${describeDatabaseUrl(Redacted.value(url))}: ${rootMessage(cause)}`,
@@ -134,7 +155,7 @@ const socketFolder = (dataDir: string): { readonly dir: string; readonly tempora
  * private data folder (never a TCP port: the server trusts every client) and reached through the same PgClient
  * as production. The data folder and everything in it is owner-only (0700 folders, 0600 files).
  */
-export const layerEmbedded = (dataDir: string) =>
+export const layerEmbedded = (dataDir: string, tap?: WireTap) =>
   Layer.unwrap(Effect.gen(function*() {
     const dir = Path.resolve(dataDir, "pglite")
     yield* Effect.try({
@@ -200,16 +221,17 @@ export const layerEmbedded = (dataDir: string) =>
     })
     // Lets the operator CLI attach to this process instead of opening the folder itself.
     EmbeddedLock.publishSocket(dataDir, socketPath)
-    return layerSocket(socketPath)
+    return layerSocket(socketPath, 1, tap)
   }))
 
 /**
  * PgClient for a pglite-socket on a Unix socket: our own embedded store, or a running gateway's (CLI).
  * sql-pg connects to `<host>/.s.PGSQL.<port>` when `host` is a folder (an absolute path).
  */
-export const layerSocket = (socketPath: string, maxConnections = 1) => {
+export const layerSocket = (socketPath: string, maxConnections = 1, tap?: WireTap) => {
   const match = /^\.s\.PGSQL\.(\d+)$/.exec(Path.basename(socketPath))
   return PgClient.layerFrom(makeChecked({
+    ...tappedStream(tap, () => Net.connect({ path: socketPath })),
     host: Path.dirname(Path.resolve(socketPath)),
     port: match ? Number(match[1]) : SOCKET_PORT,
     username: "postgres",
@@ -240,8 +262,14 @@ export const runMigrationsLocked = Effect.scoped(Effect.gen(function*() {
 }))
 
 /** SqlClient with migrations applied. */
-export const layerSql = (options: { readonly databaseUrl?: Redacted.Redacted<string> | undefined; readonly dataDir: string }) => {
-  const client = options.databaseUrl ? layerPostgres(options.databaseUrl) : layerEmbedded(options.dataDir)
+export const layerSql = (options: {
+  readonly databaseUrl?: Redacted.Redacted<string> | undefined
+  readonly dataDir: string
+  readonly tap?: WireTap | undefined
+}) => {
+  const client = options.databaseUrl
+    ? layerPostgres(options.databaseUrl, 10, options.tap)
+    : layerEmbedded(options.dataDir, options.tap)
   // PGlite needs no lock: one process holds its folder (EmbeddedLock).
   const migrate = options.databaseUrl ? runMigrationsLocked : runMigrations
   const migrated = Layer.effectDiscard(

@@ -26,6 +26,8 @@ export interface GatewayOptions {
    */
   readonly dataDir?: string
   readonly admission?: AppOptions["admission"]
+  /** Sees every database connection (support/SqlCounter.ts). */
+  readonly sqlTap?: AppOptions["sqlTap"]
 }
 
 type AppServices = Layer.Success<ReturnType<typeof appLayer>>
@@ -61,7 +63,10 @@ export const startGateway = async (options: GatewayOptions = {}): Promise<TestGa
       ...(options.redisPrefix ? { WELLSPRING_REDIS_PREFIX: options.redisPrefix } : {})
     }
   })
-  const runtime = ManagedRuntime.make(appLayer(config, path, options.admission ? { admission: options.admission } : {}))
+  const runtime = ManagedRuntime.make(appLayer(config, path, {
+    ...(options.admission ? { admission: options.admission } : {}),
+    ...(options.sqlTap ? { sqlTap: options.sqlTap } : {})
+  }))
   const key = await runtime.runPromise(ensureDevAccount)
   const { listeners } = await runtime.runPromise(BoundListeners)
   const port = listeners[0]!.port
