@@ -245,8 +245,9 @@ describe.each(backends)("public status API on $name", ({ postgres }) => {
   it.skipIf(skip)("5,000 requests of /api/stats/fleet send zero SQL statements; a refresh sends some", async () => {
     await refreshStatus(gw)
     const expected = (await get(`${status}/api/stats/fleet`, from(newAddress()))).body
-    // The earlier tests' chat traffic leaves quota totals to be written behind; wait until that is done.
-    await untilQuiet(counter)
+    // The earlier tests' chat traffic leaves writes behind (quota totals; key last-used stamps, every 5 s): wait
+    // until they are done.
+    await untilQuiet(counter, 6_000)
     const before = counter.statements()
     const texts = counter.texts().length
     let ok = 0
