@@ -15,6 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { LiveCatalog } from "../../src/config/Live.js"
 import { run as runCli } from "../../src/cli.js"
 import { decodeGatewayConfig } from "../../src/config/GatewayConfig.js"
+import { ImageQueue } from "../../src/images/Contracts.js"
 import * as Status from "../../src/status/Status.js"
 import { StatusCache } from "../../src/status/Status.js"
 import { errorRow, insertRows, row, unique } from "../accounts/support.js"
@@ -288,6 +289,25 @@ describe.each(backends)("public status API on $name", ({ postgres }) => {
     // address (the rightmost one that is not a trusted proxy).
     expect((await get(`${account}/api/stats/fleet`, from(newAddress()))).status).toBe(200)
     expect((await get(`${account}/api/stats/fleet`, from(`${newAddress()}, ${address}`))).status).toBe(429)
+  })
+
+  it.skipIf(skip)("image workers appear in the fleet exactly when an ImageQueue service exists", async () => {
+    const config = decodeGatewayConfig({ ...defaultConfigDoc(), status: { refresh_seconds: 10_000_000 } }, "test").status
+    const fleetWith = (queue: ImageQueue["Service"] | null) =>
+      gw.run(Effect.gen(function*() {
+        const make = Status.make(config)
+        const cache = yield* (queue === null ? make : make.pipe(Effect.provideService(ImageQueue, queue)))
+        return Status.fleetBody(yield* Effect.flatMap(LiveCatalog, (c) => Effect.sync(() => c.current())), yield* cache.fleet.get)
+      }).pipe(Effect.scoped))
+    const queue = ImageQueue.of({
+      run: () => Effect.die("not used"),
+      waiting: Effect.succeed(4),
+      workersOnline: Effect.succeed(2)
+    })
+    expect((await fleetWith(queue)).images).toEqual({ workers_online: 2, queue_depth: 4 })
+    expect("images" in (await fleetWith(null))).toBe(false)
+    // The running gateway has no image queue yet: no field.
+    expect("images" in (await get(`${status}/api/stats/fleet`, from(newAddress()))).body).toBe(false)
   })
 
   it.skipIf(skip)("degraded, down, ok, idle as the TestClock moves over injected rows; client faults and BYOK never count", async () => {
