@@ -41,17 +41,18 @@ export const REQUESTS_DEFAULT = 20
 export const REQUESTS_MAX = 50
 
 /**
- * Non-number, negative, zero or empty → 20; fractions are floored; above 50 → 50.
- * (Zero gives 20 as well: a page of no rows is never what a client means.)
+ * Non-number, negative, zero or empty → the default (20); fractions are floored; above the cap (50) → the cap.
+ * (Zero gives the default as well: a page of no rows is never what a client means.) `GET /api/incidents` uses the
+ * same rule with its own default and cap.
  */
-export const parseLimit = (raw: string | null): number => {
+export const parseLimit = (raw: string | null, fallback = REQUESTS_DEFAULT, max = REQUESTS_MAX): number => {
   const text = raw?.trim() ?? ""
-  if (text === "") return REQUESTS_DEFAULT
+  if (text === "") return fallback
   const n = Number(text)
-  if (!Number.isFinite(n)) return REQUESTS_DEFAULT
+  if (!Number.isFinite(n)) return fallback
   const whole = Math.floor(n)
-  if (whole <= 0) return REQUESTS_DEFAULT
-  return Math.min(whole, REQUESTS_MAX)
+  if (whole <= 0) return fallback
+  return Math.min(whole, max)
 }
 
 const ratio = (part: number, whole: number): number | null =>

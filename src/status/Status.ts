@@ -10,6 +10,7 @@
 import { Clock, Context, Effect, Layer, Option, type Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import type { ModelConfig } from "../config/GatewayConfig.js"
+import { parseLimit } from "../accounts/Metrics.js"
 import { type CatalogView, LiveCatalog, Settings } from "../config/Live.js"
 import { ImageQueue } from "../images/Contracts.js"
 import { Admission } from "../quota/Admission.js"
@@ -244,16 +245,8 @@ export const serverBody = (
   all_time_updated_at: iso(snapshots.allTime.at)
 })
 
-/** `limit` of `GET /api/incidents`: like the requests `limit` (accounts/Metrics.ts `parseLimit`), 10 and 50. */
-export const parseIncidentsLimit = (raw: string | null): number => {
-  const text = raw?.trim() ?? ""
-  if (text === "") return INCIDENTS_DEFAULT
-  const n = Number(text)
-  if (!Number.isFinite(n)) return INCIDENTS_DEFAULT
-  const whole = Math.floor(n)
-  if (whole <= 0) return INCIDENTS_DEFAULT
-  return Math.min(whole, INCIDENTS_MAX)
-}
+/** `limit` of `GET /api/incidents`: the rule of the requests `limit` (accounts/Metrics.ts), default 10, cap 50. */
+export const parseIncidentsLimit = (raw: string | null): number => parseLimit(raw, INCIDENTS_DEFAULT, INCIDENTS_MAX)
 
 /** `GET /api/incidents?limit=`. */
 export const incidentsBody = (snapshot: Refresh.Snapshot<IncidentsSnapshot>, limit: number) => ({
