@@ -11,6 +11,9 @@ import type { GatewayConfig } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
 import * as FailedRequests from "./http/FailedRequests.js"
 import * as Server from "./http/Server.js"
+import { imageAccountRoutes } from "./images/AccountRoutes.js"
+import * as Gallery from "./images/Gallery.js"
+import * as Presets from "./images/Presets.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
@@ -33,7 +36,7 @@ export const inferenceRouter = Layer.mergeAll(
   openApiRoute
 )
 /** Account API (`/api/user/*`) on the dashboard origin; see src/accounts/AccountRoutes.ts. */
-export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes)
+export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes, imageAccountRoutes)
 /** The status origin serves no routes yet (every path is a 404). */
 export const statusRouter: Layer.Layer<never> = Layer.empty
 
@@ -105,7 +108,9 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     upstreamsLayer,
     admission,
     options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
-    CredentialsRepo.layer
+    CredentialsRepo.layer,
+    Presets.layer,
+    Gallery.layer
   )
   // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
   return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))
