@@ -13,6 +13,7 @@ import * as FailedRequests from "./http/FailedRequests.js"
 import * as Server from "./http/Server.js"
 import { imageAccountRoutes } from "./images/AccountRoutes.js"
 import * as Gallery from "./images/Gallery.js"
+import * as LiveImages from "./images/LiveConfig.js"
 import * as Presets from "./images/Presets.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
@@ -98,7 +99,10 @@ export interface AppOptions {
 
 /** Everything except the HTTP listeners: config, storage, services. */
 export const servicesLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
-  const base = Layer.merge(Live.layer(config, configPath), Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir }))
+  const base = Layer.provideMerge(
+    LiveImages.layer,
+    Layer.merge(Live.layer(config, configPath), Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir }))
+  )
   const admission = options.admission ?? defaultAdmission
   const domain = Layer.mergeAll(
     Layer.provide(Auth.layer, Layer.provideMerge(AccountsRepo.layer, base)),

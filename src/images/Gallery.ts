@@ -10,7 +10,7 @@
  */
 import { Cause, Clock, Context, Duration, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
-import { Settings } from "../config/Live.js"
+import { LiveImages } from "./LiveConfig.js"
 import { type GalleryEntry, ImageGallery } from "./Contracts.js"
 
 export const SWEEP_INTERVAL = Duration.minutes(10)
@@ -84,7 +84,7 @@ const METADATA = "id, account_id, prompt, negative_prompt, width, height, steps,
 
 export const make = Effect.gen(function*() {
   const sql = yield* SqlClient.SqlClient
-  const settings = yield* Settings
+  const images = yield* LiveImages
   const now = Effect.map(Clock.currentTimeMillis, (ms) => new Date(ms))
   const metadata = sql.literal(METADATA)
 
@@ -98,7 +98,7 @@ export const make = Effect.gen(function*() {
     save: (entry) =>
       Effect.orDie(Effect.gen(function*() {
         const at = yield* now
-        const days = settings.config.images.gallery.retention_days
+        const days = images.current().gallery.retention_days
         const { spec } = entry
         yield* sql`
           INSERT INTO images ${

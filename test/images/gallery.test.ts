@@ -14,6 +14,7 @@ import * as Path from "node:path"
 import { afterAll, beforeAll } from "vitest"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
 import { type GalleryEntry, ImageGallery } from "../../src/images/Contracts.js"
+import * as LiveImages from "../../src/images/LiveConfig.js"
 import * as Gallery from "../../src/images/Gallery.js"
 import { GalleryRepo } from "../../src/images/Gallery.js"
 import { DEFAULT_PRESET } from "../../src/images/Presets.js"
@@ -43,7 +44,7 @@ for (const backend of backends(postgres)) {
     beforeAll(async () => {
       const opened = await backend.open()
       close = opened.close
-      runtime = ManagedRuntime.make(Layer.provideMerge(Gallery.layer, opened.layer))
+      runtime = ManagedRuntime.make(Layer.provideMerge(Gallery.layer, Layer.provideMerge(LiveImages.layer, opened.layer)))
       await runtime.runPromise(Effect.void)
     })
     afterAll(async () => {
