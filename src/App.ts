@@ -9,8 +9,11 @@ import * as CredentialsRepo from "./byok/CredentialsRepo.js"
 import { byokRoutes } from "./byok/Routes.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
+import { fail } from "./errors/Catalog.js"
 import * as FailedRequests from "./http/FailedRequests.js"
 import * as Server from "./http/Server.js"
+import { ImageGallery, ImagePresets, ImageQueue, ImageSlots, type Preset } from "./images/Contracts.js"
+import { generateImage } from "./images/Route.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
@@ -30,7 +33,8 @@ export const inferenceRouter = Layer.mergeAll(
   listModels,
   me,
   usage,
-  openApiRoute
+  openApiRoute,
+  generateImage
 )
 /** Account API (`/api/user/*`) on the dashboard origin; see src/accounts/AccountRoutes.ts. */
 export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes)
@@ -84,7 +88,46 @@ const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live
     }))
 )
 
+/** The services behind the image endpoint (issue 17). */
+export type ImageServices = ImageQueue | ImageSlots | ImagePresets | ImageGallery
+
+const unwiredPreset: Preset = {
+  id: 0,
+  name: "default",
+  checkpoint: "",
+  loras: [],
+  sampler: "euler_ancestral",
+  scheduler: "karras",
+  quality_prompt: "",
+  negative_prompt: "",
+  upscaler: null,
+  steps: 28,
+  scale: null,
+  width: 832,
+  height: 1216,
+  active: true,
+  created_at: new Date(0).toISOString(),
+  updated_at: new Date(0).toISOString()
+}
+
+/**
+ * Stand-ins until the queue, slots, presets and gallery of issue 17 are merged: no worker is ever online, so a
+ * request that passes every check gets 503 `image_no_worker`. Replaced by the real layers at the merge.
+ */
+const unwiredImages: Layer.Layer<ImageServices> = Layer.mergeAll(
+  Layer.succeed(ImageQueue, ImageQueue.of({
+    run: () => Effect.fail(fail("image_no_worker")),
+    waiting: Effect.succeed(0),
+    workersOnline: Effect.succeed(0)
+  })),
+  Layer.succeed(ImageSlots, ImageSlots.of({ acquire: () => Effect.void, held: () => Effect.succeed(0) })),
+  Layer.succeed(ImagePresets, ImagePresets.of({ active: () => Effect.succeed(unwiredPreset) })),
+  Layer.succeed(ImageGallery, ImageGallery.of({ save: () => Effect.void }))
+)
+
 export interface AppOptions {
+  /** Replaces the image services (tests: in-process fakes of the queue, slots, presets and gallery). */
+  readonly images?: Layer.Layer<ImageServices, never, SqlClient.SqlClient | Live.Settings>
   /** Replaces the admission engine chosen from config (tests). */
   readonly admission?: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings>
   /** Where log lines go (default: stdout); tests keep them. */
@@ -105,7 +148,8 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     upstreamsLayer,
     admission,
     options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
-    CredentialsRepo.layer
+    CredentialsRepo.layer,
+    options.images ?? unwiredImages
   )
   // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
   return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))
