@@ -51,6 +51,7 @@ describe("matching", () => {
     ["lo\u200bli", "미성년"],
     ["\\{loli\\}", "미성년"],
     ["gore", "폭력"],
+    ["{{G_O-R E}}", "폭력"],
     ["blood_bath", "폭력"],
     ["bloodbath", "폭력"],
     ["Blood-Bath!", "폭력"],
