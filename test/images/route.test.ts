@@ -297,6 +297,12 @@ describe("POST /v1/images/nai/generate-image", () => {
       await expectImageError(await post({ input: "x".repeat(8001) }), 400, "input 이(가) 너무 깁니다. 최대 8000자까지 허용됩니다.")
     })
 
+    it("413 past the endpoint's 256 KB body bound, 415 for a non-JSON content type", async () => {
+      await expectImageError(await post({ input: "x".repeat(300_000) }), 413, "요청 본문이 너무 큽니다. 최대 256 KB까지 보낼 수 있습니다.")
+      const res = await post("input=cat", admin.key, { headers: { ...authed(admin.key), "content-type": "multipart/form-data; boundary=x" } })
+      await expectImageError(res, 415, Catalog.unsupported_content_type.message)
+    })
+
     it("400 image_unsupported_action", async () => {
       const rowId = await expectImageError(await post({ input: "cat", action: "img2img" }), 400, Catalog.image_unsupported_action.message)
       await expectRow(rowId, { error_code: "image_unsupported_action" })
