@@ -3,7 +3,7 @@
  *
  * NAI syntax, as read here:
  * - `{x}` multiplies the weight of `x` by 1.05 per brace, `[x]` divides it by 1.05 per bracket; nesting multiplies.
- *   Braces and brackets pair among themselves (a `{` with the next free `}`); one that never pairs is literal text.
+ *   Braces and brackets pair among themselves (a `}` closes the latest open `{`); one that never pairs is literal text.
  * - `1.3::text::` gives `text` the weight 1.3 (negative weights too: `-1::text::`); the number must start the
  *   input or follow whitespace, a comma, a bracket or a colon. A new `w::` replaces the section's weight; a `::`
  *   that starts no section ends it (back to 1). Braces inside a section multiply with it.
