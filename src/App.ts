@@ -9,12 +9,15 @@ import * as CredentialsRepo from "./byok/CredentialsRepo.js"
 import { byokRoutes } from "./byok/Routes.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
+import { fail } from "./errors/Catalog.js"
 import * as FailedRequests from "./http/FailedRequests.js"
 import * as Server from "./http/Server.js"
 import { imageAccountRoutes } from "./images/AccountRoutes.js"
+import { ImageGallery, ImagePresets, ImageQueue, ImageSlots } from "./images/Contracts.js"
 import * as Gallery from "./images/Gallery.js"
 import * as LiveImages from "./images/LiveConfig.js"
 import * as Presets from "./images/Presets.js"
+import { generateImage } from "./images/Route.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
@@ -34,7 +37,8 @@ export const inferenceRouter = Layer.mergeAll(
   listModels,
   me,
   usage,
-  openApiRoute
+  openApiRoute,
+  generateImage
 )
 /** Account API (`/api/user/*`) on the dashboard origin; see src/accounts/AccountRoutes.ts. */
 export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes, imageAccountRoutes)
@@ -88,7 +92,25 @@ const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live
     }))
 )
 
+/** The services behind the image endpoint (issue 17). */
+export type ImageServices = ImageQueue | ImageSlots | ImagePresets | ImageGallery
+
+/**
+ * Stand-ins for the queue and slots until they are merged: no worker is ever online, so a request that passes
+ * every check gets 503 `image_no_worker`.
+ */
+const unwiredQueue: Layer.Layer<ImageQueue | ImageSlots> = Layer.mergeAll(
+  Layer.succeed(ImageQueue, ImageQueue.of({
+    run: () => Effect.fail(fail("image_no_worker")),
+    waiting: Effect.succeed(0),
+    workersOnline: Effect.succeed(0)
+  })),
+  Layer.succeed(ImageSlots, ImageSlots.of({ acquire: () => Effect.void, held: () => Effect.succeed(0) }))
+)
+
 export interface AppOptions {
+  /** Replaces the image services (tests: in-process fakes of the queue, slots, presets and gallery). */
+  readonly images?: Layer.Layer<ImageServices, never, SqlClient.SqlClient | Live.Settings | LiveImages.LiveImages>
   /** Replaces the admission engine chosen from config (tests). */
   readonly admission?: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings>
   /** Where log lines go (default: stdout); tests keep them. */
@@ -114,7 +136,9 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
     CredentialsRepo.layer,
     Presets.layer,
-    Gallery.layer
+    Gallery.layer,
+    // Later in the merge, so a test's image services replace the real presets and gallery services.
+    options.images ?? unwiredQueue
   )
   // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
   return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))

@@ -204,6 +204,23 @@ export const AuthMessages = {
   tooManyFailedAuth: "인증 실패가 너무 많습니다. API 키 또는 로그인 정보를 확인한 뒤 잠시 후 다시 시도하세요."
 } as const
 
+/** Image endpoint variants: `image_invalid` naming the field and its bound, `image_blocked` the category. */
+export const ImageMessages = {
+  notAnObject: "요청 본문은 JSON 객체여야 합니다.",
+  inputRequired: "input 필드가 필요합니다. 프롬프트를 문자열로 보내세요.",
+  inputType: "input 은 문자열이어야 합니다.",
+  inputEmpty: "input 이 비어 있습니다. 프롬프트를 입력하세요.",
+  parametersType: "parameters 는 객체여야 합니다.",
+  model: (max: number) => `model 은 ${max}자 이하의 문자열이어야 합니다.`,
+  tooLong: (where: string, max: number) => `${where} 이(가) 너무 깁니다. 최대 ${max}자까지 허용됩니다.`,
+  stringField: (where: string) => `${where} 은(는) 문자열이어야 합니다.`,
+  integer: (where: string) => `${where} 은(는) 정수여야 합니다.`,
+  intRange: (where: string, min: number, max: number) => `${where} 은(는) ${min} 이상 ${max} 이하의 정수여야 합니다.`,
+  numberRange: (where: string, min: number, max: number) => `${where} 은(는) ${min} 이상 ${max} 이하의 숫자여야 합니다.`,
+  blocked: (category: string) => `금지된 내용(${category})이 포함된 프롬프트입니다.`,
+  timeout: (seconds: number) => `이미지 생성 시간이 ${seconds}초를 넘어 취소되었습니다.`
+} as const
+
 /** Account API variants. */
 export const AccountMessages = {
   /** `invalid_range`, listing the allowed ranges. */

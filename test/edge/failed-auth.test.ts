@@ -87,6 +87,11 @@ const expectRefused = (answer: Answer, unauthorized: Answer) => {
   const retryAfter = Number(answer.retryAfter)
   expect(retryAfter).toBeGreaterThan(0)
   expect(retryAfter).toBeLessThanOrEqual(61)
+  // The image endpoint answers `{statusCode, message}`.
+  if (unauthorized.body.statusCode !== undefined) {
+    expect(answer.body).toEqual({ statusCode: 429, message: expect.stringMatching(HANGUL) })
+    return
+  }
   expect(answer.body.error.code).toBe("too_many_failed_requests")
   expect(answer.body.error.type).toBe("rate_limit_error")
   expect(answer.body.error.message).toMatch(HANGUL)
@@ -120,6 +125,7 @@ const suite = (label: string, database: () => Promise<FreshDatabase | null>) =>
       expect(routes.map((r) => `${r.method} ${r.path}`)).toEqual(expect.arrayContaining([
         "POST /v1/chat/completions",
         "POST /v1/embeddings",
+        "POST /v1/images/nai/generate-image",
         "GET /v1/models",
         "GET /api/user/me",
         "POST /api/user/me/rotate-key",

@@ -26,6 +26,8 @@ export interface GatewayOptions {
    */
   readonly dataDir?: string
   readonly admission?: AppOptions["admission"]
+  /** In-process image services (the queue, slots, presets and gallery) instead of the configured ones. */
+  readonly images?: AppOptions["images"]
 }
 
 type AppServices = Layer.Success<ReturnType<typeof appLayer>>
@@ -61,7 +63,10 @@ export const startGateway = async (options: GatewayOptions = {}): Promise<TestGa
       ...(options.redisPrefix ? { WELLSPRING_REDIS_PREFIX: options.redisPrefix } : {})
     }
   })
-  const runtime = ManagedRuntime.make(appLayer(config, path, options.admission ? { admission: options.admission } : {}))
+  const runtime = ManagedRuntime.make(appLayer(config, path, {
+    ...(options.admission ? { admission: options.admission } : {}),
+    ...(options.images ? { images: options.images } : {})
+  }))
   const key = await runtime.runPromise(ensureDevAccount)
   const { listeners } = await runtime.runPromise(BoundListeners)
   const port = listeners[0]!.port
