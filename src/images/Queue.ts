@@ -46,6 +46,8 @@ export interface QueueOptions {
 export interface ImageQueues {
   readonly queue: Context.Service.Shape<typeof ImageQueue>
   readonly work: Context.Service.Shape<typeof ImageWork>
+  /** Looks for silent workers now (what runs every `SWEEP_MS`). */
+  readonly sweep: Effect.Effect<void>
 }
 
 interface Entry {
@@ -291,6 +293,7 @@ export const makeMemory = (options: QueueOptions): Effect.Effect<ImageQueues, ne
       })
 
     return {
+      sweep,
       queue: ImageQueue.of({
         run,
         waiting: Effect.sync(() => queued),

@@ -18,7 +18,8 @@ import type { ImagesConfig } from "./Config.js"
 import { ImageSlots } from "./Contracts.js"
 import { pendingFull } from "./Slots.js"
 
-const NOW = `
+/** Lua prelude: \`now\` from ARGV[1] (epoch ms), or Redis \`TIME\` when it is empty. */
+export const NOW = `
 local now
 if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
   local t = redis.call('TIME')

@@ -11,22 +11,27 @@ import type { GatewayError } from "../../src/errors/Catalog.js"
 import { ImagesConfig } from "../../src/images/Config.js"
 import type { ImageJob, ImageQueue, ImageSlots, ImageWork, JobSpec, WorkerInfo } from "../../src/images/Contracts.js"
 import { dimensions } from "../../src/images/Png.js"
-import { LOST_TWICE, SWEEP_MS } from "../../src/images/Queue.js"
+import { LOST_TWICE } from "../../src/images/Queue.js"
 import * as Simulated from "../../src/images/Simulated.js"
 
 /** Monday 2026-01-05 03:00 UTC. */
 export const T0 = Date.UTC(2026, 0, 5, 3, 0, 0)
 
-export interface ImagesServices {
+export interface SlotsServices {
   readonly slots: Context.Service.Shape<typeof ImageSlots>
-  readonly queue: Context.Service.Shape<typeof ImageQueue>
-  readonly work: Context.Service.Shape<typeof ImageWork>
 }
 
-export interface ImagesTarget {
+export interface QueueServices {
+  readonly queue: Context.Service.Shape<typeof ImageQueue>
+  readonly work: Context.Service.Shape<typeof ImageWork>
+  /** The queue's sweep for silent workers, run now. */
+  readonly sweep: Effect.Effect<void>
+}
+
+export interface Target<S> {
   readonly name: string
   /** A fresh, empty backend with one replica on it; `config` is read live. */
-  readonly make: (config: () => ImagesConfig) => Effect.Effect<ImagesServices, unknown, Scope.Scope>
+  readonly make: (config: () => ImagesConfig) => Effect.Effect<S, unknown, Scope.Scope>
 }
 
 export const defaults: ImagesConfig = Schema.decodeSync(ImagesConfig)({})
@@ -77,17 +82,17 @@ export const worker = (id: string): WorkerInfo => ({ id, name: id, kind: "test" 
 const W1 = worker("w1")
 const W2 = worker("w2")
 
-const waitingIs = (s: ImagesServices, n: number) =>
+const waitingIs = (s: QueueServices, n: number) =>
   until(`${n} waiting`, Effect.map(s.queue.waiting, (w) => w === n))
 
 /** Takes with no wait. */
-const takeNow = (s: ImagesServices, w: WorkerInfo) => s.work.take(w, 0)
+const takeNow = (s: QueueServices, w: WorkerInfo) => s.work.take(w, 0)
 
 const codeOf = (exit: Exit.Exit<unknown, GatewayError>) =>
   Exit.isFailure(exit) ? (exit.cause.reasons[0] as { error?: GatewayError } | undefined)?.error?.code : "success"
 
-const servicesOf = (target: ImagesTarget) => <A, E>(
-    body: (s: ImagesServices, config: ReturnType<typeof liveConfig>) => Effect.Effect<A, E, Scope.Scope>,
+const servicesOf = <S>(target: Target<S>) => <A, E>(
+    body: (s: S, config: ReturnType<typeof liveConfig>) => Effect.Effect<A, E, Scope.Scope>,
     overrides: Partial<ImagesConfig> = {}
   ) =>
     Effect.scoped(Effect.gen(function*() {
@@ -97,7 +102,7 @@ const servicesOf = (target: ImagesTarget) => <A, E>(
       return yield* body(s, config)
     }))
 
-export const slotsContract = (target: ImagesTarget) => {
+export const slotsContract = (target: Target<SlotsServices>) => {
   const withServices = servicesOf(target)
   describe(`Image slots contract: ${target.name}`, () => {
     it.effect("10 concurrent acquires: exactly 2 succeed, the rest 429 image_pending_full; closing a scope frees one", () =>
@@ -149,7 +154,7 @@ export const slotsContract = (target: ImagesTarget) => {
   })
 }
 
-export const queueContract = (target: ImagesTarget) => {
+export const queueContract = (target: Target<QueueServices>) => {
   const withServices = servicesOf(target)
   describe(`Image queue contract: ${target.name}`, () => {
     it.effect("run: queued, taken, completed; the PNG and the worker id come back", () =>
@@ -342,14 +347,19 @@ export const queueContract = (target: ImagesTarget) => {
           // w1 goes silent; w2 keeps beating
           yield* TestClock.adjust("10 seconds")
           yield* s.work.heartbeat(W2)
-          yield* TestClock.adjust(5_000 + SWEEP_MS)
+          yield* TestClock.adjust("4 seconds")
+          yield* s.sweep
+          expect(yield* s.queue.waiting).toBe(1)
+          yield* TestClock.adjust("1 second")
+          yield* s.sweep
           yield* waitingIs(s, 2)
           expect((yield* takeNow(s, W2))?.id).toBe(first.id)
           // w1's late report is ignored; its progress says cancelled
           expect(yield* s.work.progress("w1", first.id, 3, 8)).toEqual({ cancelled: true })
           yield* s.work.complete("w1", first.id, new Uint8Array([1]))
           // w2 goes silent too
-          yield* TestClock.adjust(15_000 + SWEEP_MS)
+          yield* TestClock.adjust("15 seconds")
+          yield* s.sweep
           expect(yield* Fiber.join(run)).toEqual({ _tag: "Failed", reason: LOST_TWICE })
           expect(yield* s.queue.waiting).toBe(1)
         })
