@@ -10,6 +10,7 @@ import { byokRoutes } from "./byok/Routes.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
 import * as FailedRequests from "./http/FailedRequests.js"
+import * as Images from "./images/layer.js"
 import * as Server from "./http/Server.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
@@ -105,7 +106,9 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     upstreamsLayer,
     admission,
     options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
-    CredentialsRepo.layer
+    CredentialsRepo.layer,
+    // image slots, queue and workers (memory, or Redis with redis_url; the simulated worker in embedded mode)
+    Images.layer
   )
   // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
   return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))

@@ -1,12 +1,16 @@
 import { afterAll, describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Fiber, Scope } from "effect"
+import { Effect, Exit, Fiber, Layer, Scope } from "effect"
+import { Redis } from "ioredis"
 import { TestClock } from "effect/testing"
+import { ImageQueue, ImageSlots } from "../../src/images/Contracts.js"
+import * as Images from "../../src/images/layer.js"
+import { dimensions } from "../../src/images/Png.js"
 import * as Queue from "../../src/images/Queue.js"
 import * as QueueRedis from "../../src/images/QueueRedis.js"
 import * as StoreRedis from "../../src/store/Redis.js"
 import { deleteByPrefix, uniquePrefix } from "../support/Redis.js"
 import { REDIS_URL, serviceGate } from "../support/Services.js"
-import { job, liveConfig, queueContract, T0, until, worker } from "./contract.js"
+import { defaults, job, liveConfig, queueContract, T0, until, worker } from "./contract.js"
 
 const redisUp = await serviceGate("redis")
 const runPrefix = uniquePrefix("img-queue")
@@ -97,4 +101,24 @@ describe.skipIf(!redisUp)("Image queue in Redis", () => {
       yield* Effect.yieldNow
       expect((yield* live.work.take(w, 0))?.id).toBe(j.id)
     }).pipe(Effect.scoped))
+
+  it.live("the layer with a Redis URL keeps slots and queue under <prefix>img:, and runs the simulated worker if enabled", () =>
+    Effect.gen(function*() {
+      const prefix = `${runPrefix}${++backends}:`
+      const config = liveConfig({ simulated: { ...defaults.simulated, enabled: true, latency_ms: 0 } })
+      const outcome = yield* Effect.gen(function*() {
+        const slots = yield* ImageSlots
+        const queue = yield* ImageQueue
+        yield* slots.acquire("acct")
+        return yield* queue.run(job("acct", { width: 128, height: 96 }))
+      }).pipe(
+        Effect.scoped,
+        Effect.provide(Layer.fresh(Images.layerWith({ config: config.get, embedded: false, redisUrl: REDIS_URL, keyPrefix: prefix })))
+      )
+      expect(outcome._tag === "Done" && dimensions(outcome.png)).toEqual({ width: 128, height: 96 })
+      const redis = new Redis(REDIS_URL)
+      const workers = yield* Effect.promise(() => redis.zcard(`${prefix}img:workers`))
+      redis.disconnect()
+      expect(workers).toBe(1)
+    }))
 })
