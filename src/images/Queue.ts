@@ -38,6 +38,9 @@ export const MAX_REASON = 500
 /** How often the sweep looks for silent workers. */
 export const SWEEP_MS = 1_000
 
+/** The longest a take waits (the HTTP protocol allows 25 s). */
+export const MAX_TAKE_WAIT_MS = 60_000
+
 export interface QueueOptions {
   /** The live `images` config, read at every decision. */
   readonly config: () => ImagesConfig
@@ -251,7 +254,7 @@ export const makeMemory = (options: QueueOptions): Effect.Effect<ImageQueues, ne
       Effect.uninterruptibleMask((restore) =>
         Effect.suspend(() => {
           const w = touch(info)
-          const deadline = now() + Math.max(0, waitMs)
+          const deadline = now() + Math.min(MAX_TAKE_WAIT_MS, Math.max(0, waitMs))
           const attempt = (): Effect.Effect<ImageJob | null> => {
             const entry = next(w)
             if (entry !== undefined) return Effect.succeed(entry.job)

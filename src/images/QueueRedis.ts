@@ -30,7 +30,16 @@ import { command, within } from "../store/Redis.js"
 import { startTimer, stopTimer } from "../runtime/Timers.js"
 import type { ImagesConfig } from "./Config.js"
 import { type ImageJob, ImageQueue, ImageWork, type JobOutcome, type JobSpec, type WorkerInfo } from "./Contracts.js"
-import { congested, duplicateJob, type ImageQueues, LOST_TWICE, MAX_REASON, noWorker, SWEEP_MS } from "./Queue.js"
+import {
+  congested,
+  duplicateJob,
+  type ImageQueues,
+  LOST_TWICE,
+  MAX_REASON,
+  MAX_TAKE_WAIT_MS,
+  noWorker,
+  SWEEP_MS
+} from "./Queue.js"
 import { NOW } from "./SlotsRedis.js"
 
 /** What a request learns when its job's record vanished from Redis. */
@@ -404,11 +413,29 @@ export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Eff
       )
 
     // --- the worker side ----------------------------------------------------------------------------------------
+    const heartbeat = (info: WorkerInfo) =>
+      command("image heartbeat", () => redis.wsImgHeartbeat(now(), P, info.id)).pipe(
+        Effect.catch(logged("heartbeat")),
+        Effect.asVoid
+      )
+
+    const report = (workerId: string, jobId: string, kind: "d" | "f", body: Buffer | string) =>
+      command("image report", () => redis.wsImgReport(now(), P, workerId, jobId, RESULT_TTL_MS, kind, body)).pipe(
+        Effect.catch(logged("a worker's report")),
+        Effect.asVoid
+      )
+
     const takeOnce = (workerId: string, waitMs: number): Effect.Effect<ImageJob | null> =>
       command("image take", () => redis.wsImgTake(now(), P, workerId, waitMs)).pipe(
-        Effect.map((reply) =>
-          reply === null ? null : { id: reply[0], accountId: reply[1], spec: JSON.parse(reply[2]) as JobSpec }
-        ),
+        Effect.flatMap((reply) => {
+          if (reply === null) return Effect.succeed(null)
+          try {
+            return Effect.succeed({ id: reply[0], accountId: reply[1], spec: JSON.parse(reply[2]) as JobSpec })
+          } catch {
+            // a record this code did not write: the job fails instead of staying held
+            return Effect.as(report(workerId, reply[0], "f", "unreadable job record"), null)
+          }
+        }),
         Effect.catch((error) => Effect.as(logged("take")(error), null))
       )
 
@@ -432,7 +459,7 @@ export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Eff
       // The take script is not interruptible (a job it hands over must reach the caller); the wait is.
       Effect.uninterruptibleMask((restore) =>
         Effect.suspend(() => {
-          const deadline = clock.currentTimeMillisUnsafe() + Math.max(0, waitMs)
+          const deadline = clock.currentTimeMillisUnsafe() + Math.min(MAX_TAKE_WAIT_MS, Math.max(0, waitMs))
           const attempt = (): Effect.Effect<ImageJob | null> => {
             const left = Math.max(0, deadline - clock.currentTimeMillisUnsafe())
             return Effect.flatMap(takeOnce(info.id, left), (job) => {
@@ -453,18 +480,6 @@ export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Eff
           }
           return attempt()
         })
-      )
-
-    const heartbeat = (info: WorkerInfo) =>
-      command("image heartbeat", () => redis.wsImgHeartbeat(now(), P, info.id)).pipe(
-        Effect.catch(logged("heartbeat")),
-        Effect.asVoid
-      )
-
-    const report = (workerId: string, jobId: string, kind: "d" | "f", body: Buffer | string) =>
-      command("image report", () => redis.wsImgReport(now(), P, workerId, jobId, RESULT_TTL_MS, kind, body)).pipe(
-        Effect.catch(logged("a worker's report")),
-        Effect.asVoid
       )
 
     return {
