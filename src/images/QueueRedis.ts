@@ -351,7 +351,10 @@ export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Eff
       }),
       (s) => Effect.sync(() => s.disconnect())
     )
-    yield* Effect.promise(() => within(sub.connect().then(() => sub.subscribe(doneChannel, newChannel)), 2_000))
+    // Redis reachable: subscribed before the first job. Unreachable: connect in the background (the `ready`
+    // handler subscribes), so start-up is not delayed twice.
+    const subscribed = sub.connect().then(() => sub.subscribe(doneChannel, newChannel))
+    yield* Effect.promise(() => within(subscribed, client.status === "ready" ? 2_000 : 0))
 
     const sweepNow = command("image sweep", () => redis.wsImgSweep(now(), P, hbMs(), RESULT_TTL_MS, LOST_TWICE)).pipe(
       Effect.catch(logged("the sweep")),
