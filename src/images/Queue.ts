@@ -6,9 +6,9 @@
  * - Fair: one line per account, and a ring of the accounts that have jobs waiting. A take serves the first account of
  *   the ring and moves it to the back, so an account's backlog delays another account's job by at most one job per
  *   worker (round-robin).
- * - `run` checks at submit: a worker online (a heartbeat, take or progress within `worker_heartbeat_seconds`, or a
- *   take waiting now), else 503 `image_no_worker`; fewer than `congestion_threshold` jobs waiting, else 503
- *   `image_congested`. Config is read live at every decision.
+ * - `run` checks at submit: a worker online (a heartbeat, take, progress or report within
+ *   `worker_heartbeat_seconds`, or a take waiting now), else 503 `image_no_worker`; fewer than
+ *   `congestion_threshold` jobs waiting, else 503 `image_congested`. Config is read live at every decision.
  * - Interrupting `run` withdraws a waiting job; a job a worker holds is marked cancelled instead: the worker's next
  *   `progress` answers `cancelled: true` and its result is ignored.
  * - A worker silent for `worker_heartbeat_seconds` loses the jobs it holds: each goes back to the front of its
