@@ -9,8 +9,8 @@ import * as CredentialsRepo from "./byok/CredentialsRepo.js"
 import { byokRoutes } from "./byok/Routes.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
-import { fail } from "./errors/Catalog.js"
 import * as FailedRequests from "./http/FailedRequests.js"
+import * as Images from "./images/layer.js"
 import * as Server from "./http/Server.js"
 import { imageAccountRoutes } from "./images/AccountRoutes.js"
 import { ImageGallery, ImagePresets, ImageQueue, ImageSlots } from "./images/Contracts.js"
@@ -95,19 +95,6 @@ const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live
 /** The services behind the image endpoint (issue 17). */
 export type ImageServices = ImageQueue | ImageSlots | ImagePresets | ImageGallery
 
-/**
- * Stand-ins for the queue and slots until they are merged: no worker is ever online, so a request that passes
- * every check gets 503 `image_no_worker`.
- */
-const unwiredQueue: Layer.Layer<ImageQueue | ImageSlots> = Layer.mergeAll(
-  Layer.succeed(ImageQueue, ImageQueue.of({
-    run: () => Effect.fail(fail("image_no_worker")),
-    waiting: Effect.succeed(0),
-    workersOnline: Effect.succeed(0)
-  })),
-  Layer.succeed(ImageSlots, ImageSlots.of({ acquire: () => Effect.void, held: () => Effect.succeed(0) }))
-)
-
 export interface AppOptions {
   /** Replaces the image services (tests: in-process fakes of the queue, slots, presets and gallery). */
   readonly images?: Layer.Layer<ImageServices, never, SqlClient.SqlClient | Live.Settings | LiveImages.LiveImages>
@@ -137,8 +124,9 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     CredentialsRepo.layer,
     Presets.layer,
     Gallery.layer,
-    // Later in the merge, so a test's image services replace the real presets and gallery services.
-    options.images ?? unwiredQueue
+    // Slots, queue and workers (memory, or Redis with redis_url; the simulated worker in embedded mode). Later in
+    // the merge, so a test's image services replace the real ones.
+    options.images ?? Images.layer
   )
   // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
   return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))

@@ -13,7 +13,6 @@
 import { Duration, Effect } from "effect"
 import { HttpRouter, HttpServerResponse } from "effect/http"
 import * as Crypto from "node:crypto"
-import { Settings } from "../config/Live.js"
 import { fail, ImageMessages } from "../errors/Catalog.js"
 import { renderImage } from "../errors/Render.js"
 import { readJson } from "../http/Body.js"
@@ -21,6 +20,7 @@ import { exchangeRoute } from "../inference/Exchange.js"
 import { ImageGallery, type ImageJob, ImagePresets, ImageQueue, ImageSlots } from "./Contracts.js"
 import { blockedCategory } from "./Policy.js"
 import { decodeImageRequest, IMAGE_BODY_BYTES, MAX_SEED } from "./Request.js"
+import { LiveImages } from "./LiveConfig.js"
 import { resolveSettings } from "./Settings.js"
 import { isPng, zipImage } from "./Zip.js"
 
@@ -37,7 +37,7 @@ export const generateImage = HttpRouter.add(
   "POST",
   IMAGE_PATH,
   Effect.gen(function*() {
-    const settings = yield* Settings
+    const live = yield* LiveImages
     const slots = yield* ImageSlots
     const queue = yield* ImageQueue
     const presets = yield* ImagePresets
@@ -45,7 +45,7 @@ export const generateImage = HttpRouter.add(
 
     return yield* exchangeRoute({ render: renderImage, modelId: IMAGE_MODEL_ID }, (exchange, request) =>
       Effect.gen(function*() {
-        const images = settings.config.images
+        const images = live.current()
         const account = exchange.caller.account
         if (images.admin_only && !account.is_admin) return yield* Effect.fail(fail("image_admin_only"))
         if (account.is_guest) return yield* Effect.fail(fail("image_not_eligible"))

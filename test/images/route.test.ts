@@ -5,7 +5,8 @@
  * checks (nothing queued or held for a refused request), the 504 that interrupts the job, a client disconnect that
  * interrupts it, and the request row of each outcome.
  *
- * The `images` and `access` switches are read per request from the gateway's settings; tests flip them on the
+ * The `images` switches are live config (the file is rewritten and reloaded); `access` is read per request from the
+ * gateway's settings, which tests flip on the
  * running gateway (`setImages`, `setAccess`) instead of booting one gateway per switch.
  */
 import { Effect, Layer } from "effect"
@@ -13,6 +14,7 @@ import { unzipSync } from "fflate"
 import { afterAll, afterEach, beforeAll, describe, expect, it } from "vitest"
 import { AccountsRepo, type NewAccount } from "../../src/accounts/AccountsRepo.js"
 import { Settings } from "../../src/config/Live.js"
+import { LiveImages } from "../../src/images/LiveConfig.js"
 import { Catalog, fail, type GatewayError } from "../../src/errors/Catalog.js"
 import {
   type GalleryEntry,
@@ -128,8 +130,19 @@ describe("POST /v1/images/nai/generate-image", () => {
   let unlinked: User
   let noEmail: User
 
-  const setImages = (patch: Record<string, unknown>) =>
-    gw.run(Effect.map(Settings, (s) => void Object.assign(s.config.images, patch)))
+  /** Edits the `images` section of the config file and reloads it, as an operator's edit is picked up. */
+  let imagesDoc: Record<string, unknown> = {
+    content_policy: {
+      blocked: [{ name: "폭력", terms: ["gore", "blood bath"] }],
+      safe_mode_blocked: [{ name: "성인", terms: ["nude"] }],
+      safe_mode_negative: "nsfw, explicit"
+    }
+  }
+  const setImages = async (patch: Record<string, unknown>) => {
+    imagesDoc = { ...imagesDoc, ...patch }
+    gw.rewriteConfig((doc) => void (doc.images = imagesDoc))
+    expect(await gw.run(Effect.flatMap(LiveImages, (live) => live.reload))).toBe(true)
+  }
   const setAccess = (patch: Record<string, unknown>) =>
     gw.run(Effect.map(Settings, (s) => void Object.assign(s.config.access, patch)))
 
@@ -180,15 +193,7 @@ describe("POST /v1/images/nai/generate-image", () => {
   beforeAll(async () => {
     gw = await startGateway({
       images: layer,
-      configure: (doc) => {
-        doc.images = {
-          content_policy: {
-            blocked: [{ name: "폭력", terms: ["gore", "blood bath"] }],
-            safe_mode_blocked: [{ name: "성인", terms: ["nude"] }],
-            safe_mode_negative: "nsfw, explicit"
-          }
-        }
-      }
+      configure: (doc) => void (doc.images = imagesDoc)
     })
     admin = { id: "", key: gw.key }
     member = await createUser("member")
