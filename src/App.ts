@@ -11,6 +11,9 @@ import type { GatewayConfig } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
 import * as FailedRequests from "./http/FailedRequests.js"
 import * as Server from "./http/Server.js"
+import { ImageWork } from "./images/Contracts.js"
+import { workerRoutes } from "./images/WorkerRoutes.js"
+import * as WorkerTokens from "./images/WorkerTokens.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
@@ -30,7 +33,8 @@ export const inferenceRouter = Layer.mergeAll(
   listModels,
   me,
   usage,
-  openApiRoute
+  openApiRoute,
+  workerRoutes
 )
 /** Account API (`/api/user/*`) on the dashboard origin; see src/accounts/AccountRoutes.ts. */
 export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes)
@@ -91,7 +95,21 @@ export interface AppOptions {
   readonly logSink?: GatewayLogger.LineSink
   /** The BYOK address guard's resolver and TLS roots (tests: names that resolve where they say). */
   readonly byokGuard?: Byok.GuardExtras
+  /** Replaces the worker side of the image queue (tests). */
+  readonly imageWork?: Layer.Layer<ImageWork, never, SqlClient.SqlClient | Live.Settings>
 }
+
+/**
+ * The worker side of the image queue until the queue (issue 17, `images/Queue.ts`) provides it: no job ever
+ * comes, so remote workers poll and heartbeat to no effect.
+ */
+const noImageQueue = Layer.succeed(ImageWork, ImageWork.of({
+  heartbeat: () => Effect.void,
+  take: (_worker, waitMs) => Effect.as(Effect.sleep(waitMs), null),
+  progress: () => Effect.succeed({ cancelled: true }),
+  complete: () => Effect.void,
+  fail: () => Effect.void
+}))
 
 /** Everything except the HTTP listeners: config, storage, services. */
 export const servicesLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
@@ -107,8 +125,9 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
     CredentialsRepo.layer
   )
-  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
-  return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))
+  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path; worker tokens need Auth too.
+  const images = Layer.merge(WorkerTokens.layer, options.imageWork ?? noImageQueue)
+  return Layer.provideMerge(Layer.merge(Credentials.layer, images), Layer.provideMerge(domain, base))
 }
 
 /**
