@@ -244,7 +244,8 @@ export const make = Effect.gen(function*() {
     verify,
     authenticate,
     revoked,
-    issue: (name) => withSql(insertToken(name)),
+    // A token issued here is accepted at once here; elsewhere after `MISS_RELOAD_MS`.
+    issue: (name) => withSql(insertToken(name)).pipe(Effect.tap(() => Effect.sync(() => (loadedAt = Number.NEGATIVE_INFINITY)))),
     list: withSql(listTokens),
     revoke: (id) =>
       withSql(revokeToken(id)).pipe(Effect.tap((row) => (row === null ? Effect.void : auth.invalidateKeys([row.token_hash])))),
