@@ -71,7 +71,7 @@ export interface AgentStatus {
   readonly state: AgentState
   readonly jobId: string | null
   readonly heartbeats: number
-  /** Calls the gateway refused (401/429). */
+  /** Times the gateway refused the token (401/429), in-flight calls refused together counted once. */
   readonly refusals: number
   readonly jobsDone: number
   readonly jobsFailed: number
@@ -345,6 +345,8 @@ export const startAgent = (options: AgentOptions): AgentHandle => {
   /** The token was refused: stop polling until a heartbeat is accepted again. */
   const refused = (error: Refused) =>
     Effect.gen(function*() {
+      // Another call refused within the same window (a heartbeat in flight): the window stands.
+      if (Date.now() < refusedUntil) return
       status.refusals++
       const wait = Math.max(refusedBackoff.next(), error.retryAfterMs)
       refusedUntil = Date.now() + wait
