@@ -44,11 +44,12 @@ afterAll(async () => {
   await gw?.stop()
 })
 afterEach(async () => {
-  await agent?.stop()
+  if (agent) {
+    await agent.stop()
+    // Its long poll may reach the gateway after its connection closed: no later job goes to it.
+    work.retire(scoped(agent.status().workerId))
+  }
   agent = null
-  // The stopped agent's long poll is withdrawn once the gateway sees its connection close; a job queued before
-  // that would go to it (and be lost until the queue's heartbeat rule requeues it).
-  await eventually(() => work.waiting() === 0, { what: "no poll left" })
   Object.assign(fake.behaviour, { autoRun: true, refuse: false, failWith: null, viewBody: null })
   await fake.setDown(false)
 })
@@ -224,6 +225,7 @@ describe("the agent between the gateway and ComfyUI", () => {
     const a = start({ graceMs: 0 })
     const prompt = await running(a.status().workerId)
     await a.stop()
+    work.retire(scoped(a.status().workerId))
     expect(a.status().state).toBe("stopped")
     expect(fake.interrupts).toContainEqual({ prompt_id: prompt.id })
     expect(outcomeOf(job.id).failed.map((f) => f.reason)).toEqual(["the worker is shutting down"])
@@ -243,6 +245,7 @@ describe("the agent between the gateway and ComfyUI", () => {
     expect(outcomeOf(job.id).completed.length).toBe(1)
     expect(outcomeOf(job.id).failed).toEqual([])
     expect(work.waits.length).toBe(waits)
+    work.retire(scoped(a.status().workerId))
     agent = null
   })
 })
@@ -270,6 +273,7 @@ describe("the agent as a process (npm run worker)", () => {
       expect(proc.output()).toMatch(/worker stopped/)
     } finally {
       await proc.stop(1_000)
+      work.retire(scoped("spawned-term"))
     }
   })
 
@@ -291,6 +295,7 @@ describe("the agent as a process (npm run worker)", () => {
       expect(outcomeOf(job.id)).toEqual({ completed: [], failed: [] })
     } finally {
       await proc.stop(1_000)
+      work.retire(id)
       // The dead worker's prompt is still "running" on the fake: cleared for later tests.
       for (const p of fake.prompts) if (p.state === "running") fake.complete(p.id)
     }

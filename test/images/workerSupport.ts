@@ -33,6 +33,11 @@ export interface TestWork {
   readonly heartbeats: Map<string, { readonly at: number; readonly info: WorkerInfo; count: number }>
   /** Workers with a heartbeat within `windowMs`. */
   readonly online: (windowMs: number) => number
+  /**
+   * A stopped worker gets no job: its waiting `take` ends with null, and so do later ones (a long poll whose
+   * connection the gateway has not yet seen close would otherwise take a job into the void).
+   */
+  readonly retire: (workerId: string) => void
   /** Calls of `take` waiting now. */
   readonly waiting: () => number
   /** `wait_ms` of every `take`. */
@@ -46,14 +51,19 @@ export interface TestWork {
 
 export const makeTestWork = (): TestWork => {
   const pending: Array<ImageJob> = []
-  const waiters: Array<(job: ImageJob) => void> = []
+  const waiters: Array<{ readonly workerId: string; readonly give: (job: ImageJob | null) => void }> = []
+  const retired = new Set<string>()
   const cancelled = new Set<string>()
   const work: TestWork = {
     layer: Layer.effect(ImageWork, Effect.sync(() => service)),
     enqueue: (job) => {
       const waiter = waiters.shift()
-      if (waiter) waiter(job)
+      if (waiter) waiter.give(job)
       else pending.push(job)
+    },
+    retire: (workerId) => {
+      retired.add(workerId)
+      for (const waiter of waiters.filter((w) => w.workerId === workerId)) waiter.give(null)
     },
     cancel: (jobId) => void cancelled.add(jobId),
     heartbeats: new Map(),
@@ -74,15 +84,20 @@ export const makeTestWork = (): TestWork => {
     take: (worker, waitMs) =>
       Effect.callback<ImageJob | null>((resume) => {
         work.waits.push(waitMs)
+        if (retired.has(worker.id)) return resume(Effect.succeed(null))
         const ready = pending.shift()
         if (ready !== undefined) {
           work.taken.set(ready.id, worker.id)
           return resume(Effect.succeed(ready))
         }
-        const waiter = (job: ImageJob) => {
-          clearTimeout(timer)
-          work.taken.set(job.id, worker.id)
-          resume(Effect.succeed(job))
+        const waiter = {
+          workerId: worker.id,
+          give: (job: ImageJob | null) => {
+            clearTimeout(timer)
+            leave()
+            if (job !== null) work.taken.set(job.id, worker.id)
+            resume(Effect.succeed(job))
+          }
         }
         const leave = () => {
           const i = waiters.indexOf(waiter)

@@ -295,6 +295,9 @@ export const startAgent = (options: AgentOptions): AgentHandle => {
   const maxImageBytes = options.maxImageBytes ?? 32 * MB
   const log = options.log ?? ((line: string) => process.stdout.write(`${new Date().toISOString()} ${line}\n`))
   const down = backoff(options.downBackoff ?? { initialMs: 1_000, maxMs: 30_000 })
+  /** The gateway unreachable (or answering 5xx) for jobs/next: the same schedule, reset by an answer. */
+  const gatewayDown = backoff(options.downBackoff ?? { initialMs: 1_000, maxMs: 30_000 })
+  let lastPollProblem = ""
   const refusedBackoff = backoff(options.authBackoff ?? { initialMs: 30_000, maxMs: 5 * 60_000 })
 
   const status = {
@@ -642,11 +645,15 @@ export const startAgent = (options: AgentOptions): AgentHandle => {
         const error = failureOf(taken.cause)
         if (error instanceof Refused) yield* refused(error)
         else {
-          log(`jobs/next failed: ${error?.message ?? "unknown"}`)
-          yield* Effect.raceFirst(Effect.sleep(down.next()), Deferred.await(stopRequested))
+          const problem = error?.message ?? "unknown"
+          if (problem !== lastPollProblem) log(`jobs/next failed: ${problem}; retrying with back-off`)
+          lastPollProblem = problem
+          yield* Effect.raceFirst(Effect.sleep(gatewayDown.next()), Deferred.await(stopRequested))
         }
         continue
       }
+      gatewayDown.reset()
+      lastPollProblem = ""
       if (taken.value === null) continue
       if ("undecodable" in taken.value) {
         log("the gateway sent a job this agent cannot read; is the agent older than the gateway?")
