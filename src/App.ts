@@ -13,11 +13,13 @@ import * as FailedRequests from "./http/FailedRequests.js"
 import * as Images from "./images/layer.js"
 import * as Server from "./http/Server.js"
 import { imageAccountRoutes } from "./images/AccountRoutes.js"
-import { ImageGallery, ImagePresets, ImageQueue, ImageSlots } from "./images/Contracts.js"
+import { ImageGallery, ImagePresets, ImageQueue, ImageSlots, ImageWork } from "./images/Contracts.js"
 import * as Gallery from "./images/Gallery.js"
 import * as LiveImages from "./images/LiveConfig.js"
 import * as Presets from "./images/Presets.js"
 import { generateImage } from "./images/Route.js"
+import { workerRoutes } from "./images/WorkerRoutes.js"
+import * as WorkerTokens from "./images/WorkerTokens.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
@@ -38,7 +40,8 @@ export const inferenceRouter = Layer.mergeAll(
   me,
   usage,
   openApiRoute,
-  generateImage
+  generateImage,
+  workerRoutes
 )
 /** Account API (`/api/user/*`) on the dashboard origin; see src/accounts/AccountRoutes.ts. */
 export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes, imageAccountRoutes)
@@ -104,7 +107,18 @@ export interface AppOptions {
   readonly logSink?: GatewayLogger.LineSink
   /** The BYOK address guard's resolver and TLS roots (tests: names that resolve where they say). */
   readonly byokGuard?: Byok.GuardExtras
+  /** Replaces the worker side of the image queue (tests). */
+  readonly imageWork?: Layer.Layer<ImageWork, never, SqlClient.SqlClient | Live.Settings>
 }
+
+/** The worker side when a test replaces the queue with its own: no job ever comes to a remote worker. */
+const noImageWork = Layer.succeed(ImageWork, ImageWork.of({
+  heartbeat: () => Effect.void,
+  take: (_worker, waitMs) => Effect.as(Effect.sleep(waitMs), null),
+  progress: () => Effect.succeed({ cancelled: true }),
+  complete: () => Effect.void,
+  fail: () => Effect.void
+}))
 
 /** Everything except the HTTP listeners: config, storage, services. */
 export const servicesLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
@@ -126,10 +140,12 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     Gallery.layer,
     // Slots, queue and workers (memory, or Redis with redis_url; the simulated worker in embedded mode). Later in
     // the merge, so a test's image services replace the real ones.
-    options.images ?? Images.layer
+    options.images ? Layer.merge(options.images, noImageWork) : Images.layer
   )
-  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
-  return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))
+  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path; worker tokens need Auth too.
+  // A test's worker side replaces the queue's (outer layers win).
+  const images = options.imageWork ? Layer.merge(WorkerTokens.layer, options.imageWork) : WorkerTokens.layer
+  return Layer.provideMerge(Layer.merge(Credentials.layer, images), Layer.provideMerge(domain, base))
 }
 
 /**

@@ -151,12 +151,14 @@ const suite = (label: string, database: () => Promise<FreshDatabase | null>) =>
           expect(answer.status, `${name} attempt ${i + 1}`).toBe(401)
           expect(answer.body.success, name).toBe(anonymous.body.success)
         }
-        expect(await lookups(gw), name).toBe(before + LIMIT)
+        // Worker routes compare worker tokens in memory (src/images/WorkerTokens.ts): their failures need no lookup.
+        const looked = route.path.startsWith("/v1/images/workers/") ? 0 : LIMIT
+        expect(await lookups(gw), name).toBe(before + looked)
         const refusals = account
           ? [{ cookie: randomCookie() }, { key: generateKey("sk-ws-") }, { cookie: randomCookie(), key: generateKey("sk-ws-") }]
           : [{ key: generateKey("sk-ws-") }, { key: "malformed" }]
         for (const credential of refusals) expectRefused(await send(gw, route, from, credential), anonymous)
-        expect(await lookups(gw), `${name}: no lookup once refused`).toBe(before + LIMIT)
+        expect(await lookups(gw), `${name}: no lookup once refused`).toBe(before + looked)
         // Another address on the same route is unaffected.
         expect((await send(gw, route, freshAddress(), { key: generateKey("sk-ws-") })).status, name).toBe(401)
       }
