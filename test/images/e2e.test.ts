@@ -5,7 +5,8 @@
  * - two pending requests, then 429, under concurrency; a client that disconnects frees its slot and withdraws
  *   its job;
  * - past `max_wait_seconds` the request is 504 and the job is cancelled on its (remote) worker;
- * - a remote worker that dies mid-job: the job goes to another worker;
+ * - a remote worker that dies mid-job: the job goes to another worker; one account's backlog of 20 delays
+ *   another's single job by at most one job;
  * - the project's worker agent against a fake ComfyUI: a round trip through the gateway;
  * - production: the pending slots are shared by two gateways on one Redis.
  */
@@ -244,6 +245,27 @@ for (const backend of [embedded(), production()]) {
         expect(again.id).toBe(job.id)
         expect(await healthy.result(again.id, makePng(again.spec.width, again.spec.height))).toBe(204)
         expect(ihdrSize(await pngOf(await answer))).toEqual({ width: 832, height: 1216 })
+      })
+
+      it("fair across accounts: one account's backlog of 20 delays another's single job by at most one job", async () => {
+        await setImages(gw, { ...remoteOnly, pending_per_account: 20 })
+        const a = await newMember(gw)
+        const b = await newMember(gw)
+        const worker = remoteWorker(gw, token, `fair-${Crypto.randomUUID()}`)
+        expect(await worker.heartbeat()).toBe(204)
+        const backlog = Array.from({ length: 20 }, (_, i) => generate(gw, a.key, { input: `backlog ${i}` }))
+        await eventually(async () => (await waiting(gw)) === 20, { timeoutMs: 10_000 })
+        const single = generate(gw, b.key, { input: "single" })
+        await eventually(async () => (await waiting(gw)) === 21, { timeoutMs: 5000 })
+        const order: Array<string> = []
+        for (let i = 0; i < 21; i++) {
+          const job = (await worker.next(2000))!
+          order.push((job.spec as unknown as { prompt: string }).prompt)
+          expect(await worker.result(job.id, makePng(job.spec.width, job.spec.height))).toBe(204)
+        }
+        expect(order.findIndex((prompt) => prompt.includes("single"))).toBeLessThanOrEqual(1)
+        for (const res of await Promise.all([...backlog, single])) await pngOf(res)
+        await setImages(gw, remoteOnly)
       })
 
       it("no worker online: 503", async () => {
