@@ -2,7 +2,8 @@
  * `npm run bench`: the simulated upstream, a minimal undici reverse proxy (the floor) and the gateway,
  * each in its own process, driven by the same load generator in one run.
  *
- * Flags: --requests N (per scenario at concurrency 32, default 6000), --modes embedded,redis
+ * Flags: --requests N (per scenario at concurrency 32, default 6000), --modes embedded,redis,
+ * --only images (just the in-process image queue scenario, `bench/images.ts`, which always runs first).
  * Prints requests/s, latency p50/p99, added stream TTFB, gateway CPU per request and per streamed
  * chunk, gateway peak RSS, and the ratios gateway/floor and gateway/direct.
  */
@@ -13,6 +14,7 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import { Pool } from "undici"
 import * as Yaml from "yaml"
+import { printImageBench, runImageBench } from "./images.js"
 
 const arg = (name: string, fallback: string) => {
   const i = process.argv.indexOf(`--${name}`)
@@ -20,6 +22,7 @@ const arg = (name: string, fallback: string) => {
 }
 const REQUESTS = Number(arg("requests", "6000"))
 const MODES = arg("modes", "embedded,redis").split(",")
+const ONLY = arg("only", "")
 const root = Path.resolve(import.meta.dirname, "..")
 const tmp = Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-bench-"))
 const children: Array<ChildProcess> = []
@@ -158,6 +161,9 @@ const scenarios = [
 const fmt = (n: number, d = 2) => n.toFixed(d)
 
 const main = async () => {
+  const images = await runImageBench()
+  printImageBench(images)
+  if (ONLY === "images") return
   await new Promise<void>((resolve, reject) =>
     spawn("npx", ["tsc", "-p", "tsconfig.build.json"], { cwd: root, stdio: "inherit" }).once("exit", (code) =>
       code === 0 ? resolve() : reject(new Error(`build failed (${code})`))
@@ -254,7 +260,7 @@ const main = async () => {
   console.log(`|${header.map(() => "---").join("|")}|`)
   for (const row of rows) console.log(`| ${row} |`)
   Fs.mkdirSync(Path.join(root, "bench/results"), { recursive: true })
-  Fs.writeFileSync(Path.join(root, "bench/results/latest.json"), JSON.stringify(out, null, 2))
+  Fs.writeFileSync(Path.join(root, "bench/results/latest.json"), JSON.stringify({ ...out, images }, null, 2))
 }
 
 main()

@@ -11,7 +11,16 @@ import { byokRoutes } from "./byok/Routes.js"
 import type { GatewayConfig } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
 import * as FailedRequests from "./http/FailedRequests.js"
+import * as Images from "./images/layer.js"
 import * as Server from "./http/Server.js"
+import { imageAccountRoutes } from "./images/AccountRoutes.js"
+import { ImageGallery, ImagePresets, ImageQueue, ImageSlots, ImageWork } from "./images/Contracts.js"
+import * as Gallery from "./images/Gallery.js"
+import * as LiveImages from "./images/LiveConfig.js"
+import * as Presets from "./images/Presets.js"
+import { generateImage } from "./images/Route.js"
+import { workerRoutes } from "./images/WorkerRoutes.js"
+import * as WorkerTokens from "./images/WorkerTokens.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
@@ -35,13 +44,15 @@ export const inferenceRouter = Layer.mergeAll(
   listModels,
   me,
   usage,
-  openApiRoute
+  openApiRoute,
+  generateImage,
+  workerRoutes
 )
 /**
  * Account API (`/api/user/*`) on the dashboard origin (src/accounts/AccountRoutes.ts), with `/api/quota` and the
  * public status endpoints (src/status/Routes.ts).
  */
-export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes, quotaRoute, publicStatsRoutes)
+export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes, imageAccountRoutes, quotaRoute, publicStatsRoutes)
 /**
  * The status origin: the status page at `/` and the public status endpoints. `publicStatsRoutes` is the same layer
  * value as the account origin's, so a listener serving both registers it once.
@@ -95,16 +106,32 @@ const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live
     }))
 )
 
+/** The services behind the image endpoint (issue 17). */
+export type ImageServices = ImageQueue | ImageSlots | ImagePresets | ImageGallery
+
 export interface AppOptions {
+  /** Replaces the image services (tests: in-process fakes of the queue, slots, presets and gallery). */
+  readonly images?: Layer.Layer<ImageServices, never, SqlClient.SqlClient | Live.Settings | LiveImages.LiveImages>
   /** Replaces the admission engine chosen from config (tests). */
   readonly admission?: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings>
   /** Where log lines go (default: stdout); tests keep them. */
   readonly logSink?: GatewayLogger.LineSink
   /** The BYOK address guard's resolver and TLS roots (tests: names that resolve where they say). */
   readonly byokGuard?: Byok.GuardExtras
+  /** Replaces the worker side of the image queue (tests). */
+  readonly imageWork?: Layer.Layer<ImageWork, never, SqlClient.SqlClient | Live.Settings>
   /** Sees every database connection (tests count the statements sent). */
   readonly sqlTap?: Sql.WireTap
 }
+
+/** The worker side when a test replaces the queue with its own: no job ever comes to a remote worker. */
+const noImageWork = Layer.succeed(ImageWork, ImageWork.of({
+  heartbeat: () => Effect.void,
+  take: (_worker, waitMs) => Effect.as(Effect.sleep(waitMs), null),
+  progress: () => Effect.succeed({ cancelled: true }),
+  complete: () => Effect.void,
+  fail: () => Effect.void
+}))
 
 /**
  * Where background refreshes (status resources, leaderboard) agree on one replica's work per period: Redis when
@@ -115,10 +142,13 @@ const refreshStore = (config: GatewayConfig): Layer.Layer<Refresh.RefreshStore> 
 
 /** Everything except the HTTP listeners: config, storage, services. */
 export const servicesLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
-  const base = Layer.mergeAll(
-    Live.layer(config, configPath),
-    Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir, tap: options.sqlTap }),
-    refreshStore(config)
+  const base = Layer.provideMerge(
+    LiveImages.layer,
+    Layer.mergeAll(
+      Live.layer(config, configPath),
+      Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir, tap: options.sqlTap }),
+      refreshStore(config)
+    )
   )
   const admission = options.admission ?? defaultAdmission
   const domain = Layer.mergeAll(
@@ -129,12 +159,19 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     upstreamsLayer,
     admission,
     options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
-    CredentialsRepo.layer
+    CredentialsRepo.layer,
+    Presets.layer,
+    Gallery.layer,
+    // Slots, queue and workers (memory, or Redis with redis_url; the simulated worker in embedded mode). Later in
+    // the merge, so a test's image services replace the real ones.
+    options.images ? Layer.merge(options.images, noImageWork) : Images.layer
   )
-  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path; the status resources and
-  // the leaderboard refresh in the background from storage and admission.
+  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path; worker tokens need Auth too.
+  // A test's worker side replaces the queue's (outer layers win). The status resources and the leaderboard refresh
+  // in the background from storage, admission and the image queue (domain).
+  const images = options.imageWork ? Layer.merge(WorkerTokens.layer, options.imageWork) : WorkerTokens.layer
   return Layer.provideMerge(
-    Layer.mergeAll(Credentials.layer, Status.layer, Leaderboard.layer),
+    Layer.mergeAll(Credentials.layer, images, Status.layer, Leaderboard.layer),
     Layer.provideMerge(domain, base)
   )
 }

@@ -13,6 +13,7 @@ import * as Accounts from "./accounts/AccountsRepo.js"
 import * as Invalidation from "./auth/Invalidation.js"
 import { ConfigLoadError, type GatewayConfig, loadConfig } from "./config/GatewayConfig.js"
 import { makeSettings, Settings } from "./config/Live.js"
+import * as WorkerTokens from "./images/WorkerTokens.js"
 import * as EmbeddedLock from "./store/EmbeddedLock.js"
 import * as Incidents from "./status/Incidents.js"
 import * as Sql from "./store/Sql.js"
@@ -390,6 +391,57 @@ const incidentList: CommandSpec = {
     })
 }
 
+const workerTokenCreate: CommandSpec = {
+  usage: "worker:token:create --name N",
+  summary: "issue an image worker token; prints it once",
+  flags: { name: "value" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const name = yield* required(flags, "name")
+      if (!WorkerTokens.validName(name)) {
+        return yield* Effect.fail(usage("--name must be 1 to 64 characters without control characters"))
+      }
+      const { token, row } = yield* WorkerTokens.insertToken(name)
+      yield* env.out(`Worker token ${row.id} ("${row.name}") created; it is shown only this once:`)
+      yield* env.out(`Worker token: ${token}`)
+    })
+}
+
+const workerTokenList: CommandSpec = {
+  usage: "worker:token:list",
+  summary: "list image worker tokens",
+  flags: {},
+  run: (_flags, env) =>
+    Effect.gen(function*() {
+      const rows = yield* WorkerTokens.listTokens
+      if (rows.length === 0) return yield* env.out("no worker tokens")
+      yield* env.out(formatTable(
+        ["ID", "NAME", "CREATED", "REVOKED"],
+        rows.map((row) => [String(row.id), row.name, iso(row.created_at), row.revoked_at ? iso(row.revoked_at) : "-"])
+      ))
+    })
+}
+
+const workerTokenRevoke: CommandSpec = {
+  usage: "worker:token:revoke --id N",
+  summary: "revoke an image worker token (its workers get 401 on their next call)",
+  flags: { id: "value" },
+  run: (flags, env) =>
+    Effect.gen(function*() {
+      const id = yield* parsePositiveInt("id", yield* required(flags, "id"))
+      const row = yield* WorkerTokens.revokeToken(id)
+      if (row === null) return yield* Effect.fail(usage(`no active worker token with id ${id}`))
+      // Worker tokens are cached by hash like keys: the same announcement drops them.
+      yield* env.announce(Invalidation.key(row.token_hash))
+      yield* env.out(`Worker token ${row.id} ("${row.name}") revoked`)
+      if (env.cacheNote) {
+        yield* env.out(
+          `note: the running embedded gateway accepts this token for up to ${WorkerTokens.SNAPSHOT_TTL_MS / 1000} s more`
+        )
+      }
+    })
+}
+
 export const commands: Readonly<Record<string, CommandSpec>> = {
   "account:create": accountCreate,
   "account:status": accountStatus,
@@ -400,7 +452,10 @@ export const commands: Readonly<Record<string, CommandSpec>> = {
   "incident:create": incidentCreate,
   "incident:update": incidentUpdate,
   "incident:resolve": incidentResolve,
-  "incident:list": incidentList
+  "incident:list": incidentList,
+  "worker:token:create": workerTokenCreate,
+  "worker:token:list": workerTokenList,
+  "worker:token:revoke": workerTokenRevoke
 }
 
 export const helpText = (command?: string): string => {
@@ -409,7 +464,7 @@ export const helpText = (command?: string): string => {
     return `Usage: npm run cli -- ${spec.usage}\n\n${spec.summary}.\n\n` +
       "Global flags: --config PATH  --data-dir DIR  --database-url URL (override config/gateway.yaml and env)\n"
   }
-  const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(17)} ${c.summary}`)
+  const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(20)} ${c.summary}`)
   return [
     "Usage: npm run cli -- <command> [flags]",
     "",

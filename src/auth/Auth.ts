@@ -52,6 +52,12 @@ export class Auth extends Context.Service<Auth, {
   readonly authenticateKey: (authorization: string | undefined, client: string) => Effect.Effect<Caller, GatewayError>
   /** Resolves a `ws-session` cookie token from `client`; null when unknown (counted), 429 while the address is refused. */
   readonly authenticateSession: (token: string, client: string) => Effect.Effect<Caller | null, GatewayError>
+  /**
+   * Another kind of credential (a worker token) from `client`, under the same failed-authentication count as keys:
+   * 429 while the address is refused; `check` counts as a lookup under way while it runs, and its null (unknown
+   * or malformed credential) is a counted failure, 401 `invalid_api_key`.
+   */
+  readonly authenticateWith: <A>(client: string, check: Effect.Effect<A | null, GatewayError>) => Effect.Effect<A, GatewayError>
   /** The bearer key of a request, counted against its client address: how every `/v1` route authenticates. */
   readonly bearer: (request: HttpServerRequest.HttpServerRequest) => Effect.Effect<Caller, GatewayError>
   /** The counted address of a request (`http/ClientAddress.ts` with `trusted_proxies`). */
@@ -266,6 +272,19 @@ export const make = Effect.gen(function*() {
     }))
   }
 
+  const authenticateWith = <A>(client: string, check: Effect.Effect<A | null, GatewayError>): Effect.Effect<A, GatewayError> =>
+    Clock.currentTimeMillis.pipe(Effect.flatMap((now) => {
+      const wait = limiter.retryAfter(client, now)
+      if (wait > 0) return refuse(client, now, wait)
+      return Effect.suspend(() => {
+        limiter.begin(client)
+        return check
+      }).pipe(
+        Effect.onExit((exit) => Effect.sync(() => limiter.end(client, now, Exit.isSuccess(exit) && exit.value === null))),
+        Effect.flatMap((found) => (found === null ? Effect.fail(fail("invalid_api_key")) : Effect.succeed(found)))
+      )
+    }))
+
   const authenticateSession = (token: string, client: string): Effect.Effect<Caller | null, GatewayError> =>
     Clock.currentTimeMillis.pipe(Effect.flatMap((now) => {
       const wait = limiter.retryAfter(client, now)
@@ -314,6 +333,7 @@ export const make = Effect.gen(function*() {
   return Auth.of({
     authenticateKey,
     authenticateSession,
+    authenticateWith,
     bearer: (request) => authenticateKey(request.headers.authorization, clientAddress(request)),
     clientAddress,
     storeLookups: Effect.sync(() => ({ keys: keyLookups, sessions: sessionLookups })),

@@ -9,9 +9,8 @@
  * sealing key, the guard's allow-lists, timeouts and cache lifetimes are read at boot.
  */
 import { Context, Duration, Effect, Layer, Schedule } from "effect"
-import * as Fs from "node:fs"
 import { readByokSection } from "../config/GatewayConfig.js"
-import { Settings } from "../config/Live.js"
+import { fileStamp, Settings } from "../config/Live.js"
 import type { AddressGuard, GuardOptions } from "./AddressGuard.js"
 import { type ByokConfig, type ByokSwitch, decodeByokConfig, resolveByok } from "./Config.js"
 import { makeByokGuard } from "./Probe.js"
@@ -26,16 +25,6 @@ export class Byok extends Context.Service<Byok, {
   readonly catalog: ProviderCatalog
   readonly guard: AddressGuard
 }>()("wellspring/byok/Byok") {}
-
-/** Modification time and size of the config file; null when it cannot be read. */
-const fileStamp = (path: string): string | null => {
-  try {
-    const stat = Fs.statSync(path)
-    return `${stat.mtimeMs}:${stat.size}`
-  } catch {
-    return null
-  }
-}
 
 /** `extra`: the guard's resolver and TLS roots (tests; the system's otherwise). */
 export const make = (extra: GuardExtras = {}) => Effect.gen(function*() {

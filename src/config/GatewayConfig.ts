@@ -412,12 +412,15 @@ export const loadConfig = (
   return { config: decodeGatewayConfig(doc, path), path }
 }
 
-/** The `byok` section of a config file as written (decoded by `byok/Config.ts`); `{}` when absent. */
-export const readByokSection = (path: string): unknown => {
+/** One top-level section of a config file as written (for live reloads); `{}` when absent. */
+export const readConfigSection = (path: string, name: string): unknown => {
   const raw = parseYaml(Fs.readFileSync(path, "utf8"), path)
-  const section = typeof raw === "object" && raw !== null ? (raw as Record<string, unknown>).byok : undefined
+  const section = typeof raw === "object" && raw !== null ? (raw as Record<string, unknown>)[name] : undefined
   return section ?? {}
 }
+
+/** The `byok` section of a config file as written (decoded by `byok/Config.ts`); `{}` when absent. */
+export const readByokSection = (path: string): unknown => readConfigSection(path, "byok")
 
 export const readCatalogFile = (path: string): Catalog => {
   const text = Fs.readFileSync(path, "utf8")

@@ -6,6 +6,16 @@ import { decodeEncryptionKey } from "../auth/KeyMaterial.js"
 import type { Catalog, GatewayConfig, ModelConfig, PlanConfig } from "./GatewayConfig.js"
 import { readCatalogFile } from "./GatewayConfig.js"
 
+/** Modification time and size of the config file; null when it cannot be read. */
+export const fileStamp = (path: string): string | null => {
+  try {
+    const stat = Fs.statSync(path)
+    return `${stat.mtimeMs}:${stat.size}`
+  } catch {
+    return null
+  }
+}
+
 /** Static settings decided at boot. */
 export class Settings extends Context.Service<Settings, {
   readonly config: GatewayConfig

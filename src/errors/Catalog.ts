@@ -103,6 +103,11 @@ const raw = {
     "invalid_request_error",
     "허용되지 않는 주소입니다. 공개된 https 주소만 사용할 수 있습니다."
   ),
+  // image presets and the gallery (account API, wrapped); `preset_invalid` names the field at fault
+  preset_invalid: entry(400, "invalid_request_error", "프리셋 값이 올바르지 않습니다."),
+  preset_cap_reached: entry(400, "invalid_request_error", "프리셋은 계정당 최대 10개까지 만들 수 있습니다."),
+  preset_not_found: entry(404, "not_found_error", "프리셋을 찾을 수 없습니다."),
+  image_not_found: entry(404, "not_found_error", "이미지를 찾을 수 없습니다."),
   // image endpoint (`{statusCode, message}`); `message` may be overridden with the field or category at fault
   image_invalid: entry(400, "invalid_request_error", "이미지 요청 형식이 올바르지 않습니다."),
   image_unsupported_action: entry(400, "invalid_request_error", "지원하지 않는 action 입니다. generate 만 사용할 수 있습니다."),
@@ -199,6 +204,23 @@ export const AuthMessages = {
   tooManyFailedAuth: "인증 실패가 너무 많습니다. API 키 또는 로그인 정보를 확인한 뒤 잠시 후 다시 시도하세요."
 } as const
 
+/** Image endpoint variants: `image_invalid` naming the field and its bound, `image_blocked` the category. */
+export const ImageMessages = {
+  notAnObject: "요청 본문은 JSON 객체여야 합니다.",
+  inputRequired: "input 필드가 필요합니다. 프롬프트를 문자열로 보내세요.",
+  inputType: "input 은 문자열이어야 합니다.",
+  inputEmpty: "input 이 비어 있습니다. 프롬프트를 입력하세요.",
+  parametersType: "parameters 는 객체여야 합니다.",
+  model: (max: number) => `model 은 ${max}자 이하의 문자열이어야 합니다.`,
+  tooLong: (where: string, max: number) => `${where} 이(가) 너무 깁니다. 최대 ${max}자까지 허용됩니다.`,
+  stringField: (where: string) => `${where} 은(는) 문자열이어야 합니다.`,
+  integer: (where: string) => `${where} 은(는) 정수여야 합니다.`,
+  intRange: (where: string, min: number, max: number) => `${where} 은(는) ${min} 이상 ${max} 이하의 정수여야 합니다.`,
+  numberRange: (where: string, min: number, max: number) => `${where} 은(는) ${min} 이상 ${max} 이하의 숫자여야 합니다.`,
+  blocked: (category: string) => `금지된 내용(${category})이 포함된 프롬프트입니다.`,
+  timeout: (seconds: number) => `이미지 생성 시간이 ${seconds}초를 넘어 취소되었습니다.`
+} as const
+
 /** Account API variants. */
 export const AccountMessages = {
   /** `invalid_range`, listing the allowed ranges. */
@@ -218,6 +240,33 @@ export const AccountMessages = {
   byokPatchField: (field: string) => `${field} 필드는 변경할 수 없습니다. pinned, is_primary, fallback_model_id 만 허용됩니다.`,
   byokPatchType: (field: string, type: string) => `${field} 필드는 ${type} 이어야 합니다.`,
   byokFallbackModel: "fallback_model_id 는 공용 카탈로그의 모델 id 이어야 합니다."
+} as const
+
+/** Image presets and the gallery (account API): texts that name the field at fault, never its value. */
+export const ImageAccountMessages = {
+  notAnObject: "요청 본문은 JSON 객체여야 합니다.",
+  required: (field: string) => `${field} 필드가 필요합니다.`,
+  unknownField: (field: string, allowed: ReadonlyArray<string>) =>
+    `${field} 필드는 쓸 수 없습니다. 허용되는 필드: ${allowed.join(", ")}`,
+  unknownFieldUnnamed: (allowed: ReadonlyArray<string>) =>
+    `알 수 없는 필드가 있습니다. 허용되는 필드: ${allowed.join(", ")}`,
+  text: (field: string, min: number, max: number) =>
+    min > 0 ? `${field} 필드는 ${min}~${max}자의 문자열이어야 합니다.` : `${field} 필드는 최대 ${max}자의 문자열이어야 합니다.`,
+  nullableText: (field: string, max: number) => `${field} 필드는 null 또는 최대 ${max}자의 문자열이어야 합니다.`,
+  badCharacters: (field: string) => `${field} 필드에 허용되지 않는 문자가 있습니다.`,
+  integer: (field: string, min: number, max: number) => `${field} 필드는 ${min} 이상 ${max} 이하의 정수여야 합니다.`,
+  dimension: (field: string, min: number, max: number, multiple: number) =>
+    `${field} 필드는 ${min} 이상 ${max} 이하인 ${multiple}의 배수여야 합니다.`,
+  nullableNumber: (field: string, min: number, max: number) =>
+    `${field} 필드는 null 또는 ${min} 이상 ${max} 이하의 숫자여야 합니다.`,
+  number: (field: string, min: number, max: number) => `${field} 필드는 ${min} 이상 ${max} 이하의 숫자여야 합니다.`,
+  oneOf: (field: string, allowed: ReadonlyArray<string>) => `${field} 필드는 다음 중 하나여야 합니다: ${allowed.join(", ")}`,
+  loras: (max: number) => `loras 필드는 최대 ${max}개 항목의 배열이어야 합니다.`,
+  loraItem: (index: number) => `loras[${index}] 항목은 name 과 weight 만 가진 객체여야 합니다.`,
+  presetCap: (max: number) => `프리셋은 계정당 최대 ${max}개까지 만들 수 있습니다.`,
+  before: "before 값이 올바르지 않습니다. 이전 응답의 next_before 값을 그대로 보내세요.",
+  readLimited: (max: number) => `이미지·프리셋 조회 요청이 너무 많습니다. 1분에 ${max}회까지 가능합니다.`,
+  writeLimited: (max: number) => `이미지·프리셋 변경 요청이 너무 많습니다. 1분에 ${max}회까지 가능합니다.`
 } as const
 
 // ---------------------------------------------------------------------------------------------------------
@@ -282,6 +331,10 @@ const stages: { readonly [K in Code]: ReadonlyArray<InferenceStage> } = {
   byok_upstream_error: [],
   byok_credential_rejected: ["chat_request", "embeddings_request", "upstream"],
   address_not_allowed: ["chat_request", "embeddings_request", "upstream"],
+  preset_invalid: [],
+  preset_cap_reached: [],
+  preset_not_found: [],
+  image_not_found: [],
   image_invalid: [],
   image_unsupported_action: [],
   image_blocked: [],

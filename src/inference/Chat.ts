@@ -4,22 +4,18 @@
  * (ByokRoute.ts). The exchange (Exchange.ts) completes once, whichever way this ends.
  */
 import { Effect } from "effect"
-import { HttpRouter, HttpServerRequest } from "effect/http"
-import { Auth } from "../auth/Auth.js"
+import { HttpRouter } from "effect/http"
 import type { PlanConfig } from "../config/GatewayConfig.js"
 import { LiveCatalog, Settings } from "../config/Live.js"
 import { renderInference } from "../errors/Render.js"
-import { guard as guardFailures } from "../http/FailedRequests.js"
-import { handle, headersOf } from "../http/Respond.js"
 import { Admission } from "../quota/Admission.js"
-import { RequestLog } from "../telemetry/RequestLog.js"
 import { completeChat } from "../upstream/Complete.js"
 import type { GatewayError } from "../errors/Catalog.js"
 import { type UpstreamAdapter, type UpstreamError, type UpstreamRequest, Upstreams } from "../upstream/Upstream.js"
 import { runByok } from "./ByokRoute.js"
 import { type PoolChat, prepareChat, prepareForModel } from "./ChatPrepare.js"
 import { accumulate, completionResponse, sseFraming, streamHeaders } from "./ChatWire.js"
-import { Exchange, finishing } from "./Exchange.js"
+import { Exchange, exchangeRoute } from "./Exchange.js"
 import { sseBody, sseResponse } from "./SseBody.js"
 import { upstreamFailure } from "./UpstreamErrors.js"
 
@@ -79,19 +75,13 @@ export const chatCompletions = HttpRouter.add(
   "POST",
   "/v1/chat/completions",
   Effect.gen(function*() {
-    const request = yield* HttpServerRequest.HttpServerRequest
-    const auth = yield* Auth
     const catalog = yield* LiveCatalog
     const settings = yield* Settings
     const admission = yield* Admission
     const upstreams = yield* Upstreams
-    const log = yield* RequestLog
 
-    const pipeline = Effect.gen(function*() {
-      const caller = yield* auth.bearer(request)
-      yield* guardFailures(caller)
-      const exchange = yield* Exchange.open(caller, log)
-
+    return yield* exchangeRoute({ render: renderInference }, (exchange, request) => {
+      const caller = exchange.caller
       const plan = settings.planFor(caller.account.plan)
       const respond = (adapter: UpstreamAdapter, upstream: UpstreamRequest, mapFailure: MapFailure) =>
         upstream.stream
@@ -112,8 +102,7 @@ export const chatCompletions = HttpRouter.add(
           return yield* respond(adapter, upstream, upstreamFailure)
         })
 
-      const run = Effect.gen(function*() {
-        yield* auth.gate(caller, headersOf(request))
+      return Effect.gen(function*() {
         const prepared = yield* prepareChat(request, exchange, settings.config.limits, catalog.current().byId)
         if (prepared._tag === "Pool") return yield* pooled(prepared)
         return yield* runByok(exchange, caller, prepared.reference, {
@@ -122,10 +111,6 @@ export const chatCompletions = HttpRouter.add(
             Effect.map(prepareForModel(exchange, prepared.request, model), pooled)
         })
       })
-
-      return yield* finishing(exchange, run)
     })
-
-    return yield* handle(renderInference, pipeline)
   })
 )

@@ -3,14 +3,11 @@
  * the OpenAI list shape. Same lifecycle as chat (Exchange.ts); `@provider/...` models as chat's (ByokRoute.ts).
  */
 import { Effect } from "effect"
-import { HttpRouter, HttpServerRequest } from "effect/http"
-import { Auth } from "../auth/Auth.js"
+import { HttpRouter } from "effect/http"
 import { LiveCatalog, Settings } from "../config/Live.js"
 import { renderInference } from "../errors/Render.js"
-import { guard as guardFailures } from "../http/FailedRequests.js"
-import { handle, headersOf, json } from "../http/Respond.js"
+import { json } from "../http/Respond.js"
 import { Admission } from "../quota/Admission.js"
-import { RequestLog } from "../telemetry/RequestLog.js"
 import type { GatewayError } from "../errors/Catalog.js"
 import { type UpstreamAdapter, type UpstreamError, Upstreams } from "../upstream/Upstream.js"
 import { runByok } from "./ByokRoute.js"
@@ -22,7 +19,7 @@ import {
   prepareEmbeddings,
   toBase64Float32
 } from "./EmbeddingsRequest.js"
-import { Exchange, finishing } from "./Exchange.js"
+import { type Exchange, exchangeRoute } from "./Exchange.js"
 import { upstreamFailure } from "./UpstreamErrors.js"
 
 /**
@@ -54,62 +51,52 @@ export const embeddings = HttpRouter.add(
   "POST",
   "/v1/embeddings",
   Effect.gen(function*() {
-    const request = yield* HttpServerRequest.HttpServerRequest
-    const auth = yield* Auth
     const catalog = yield* LiveCatalog
     const settings = yield* Settings
     const admission = yield* Admission
     const upstreams = yield* Upstreams
-    const log = yield* RequestLog
-    return yield* handle(
-      renderInference,
-      Effect.gen(function*() {
-        const caller = yield* auth.bearer(request)
-        yield* guardFailures(caller)
-        const exchange = yield* Exchange.open(caller, log)
-        /** One call; the exchange completes with its usage. */
-        const embed = (
-          adapter: UpstreamAdapter,
-          model: string,
-          inputs: ReadonlyArray<string>,
-          mapFailure: (error: UpstreamError) => GatewayError
-        ) =>
-          Effect.gen(function*() {
-            exchange.markDispatched()
-            const result = yield* adapter.embed(model, inputs).pipe(Effect.mapError(mapFailure))
-            exchange.setUsage({ prompt_tokens: result.prompt_tokens, completion_tokens: 0, reasoning_tokens: 0, cached_tokens: 0 })
-            exchange.markFirstByte()
-            yield* exchange.succeed()
-            return result
-          })
-        const pooled = ({ inputs, model, request: req }: PoolEmbeddings) =>
-          Effect.gen(function*() {
-            exchange.routeTo(model.route.provider)
-            yield* exchange.admit(admission, {
-              accountId: caller.account.id,
-              plan: settings.planFor(caller.account.plan),
-              model,
-              estimatedInputTokens: exchange.estimatedInput,
-              byok: false
-            })
-            const adapter = yield* upstreams.get(model.route.provider).pipe(Effect.mapError(upstreamFailure))
-            return answer(exchange, model.id, req, yield* embed(adapter, model.route.model, inputs, upstreamFailure), true)
-          })
-        const run = Effect.gen(function*() {
-          yield* auth.gate(caller, headersOf(request))
-          const prepared = yield* prepareEmbeddings(request, exchange, settings.config.limits, catalog.current().byId)
-          if (prepared._tag === "Pool") return yield* pooled(prepared)
-          return yield* runByok(exchange, caller, prepared.reference, {
-            attempt: (adapter, mapFailure) =>
-              Effect.map(
-                embed(adapter, prepared.reference.model, prepared.inputs, mapFailure),
-                (result) => answer(exchange, prepared.request.model, prepared.request, result, false)
-              ),
-            fallback: (model) => Effect.map(embeddingsForModel(exchange, prepared.request, model), pooled)
-          })
+    return yield* exchangeRoute({ render: renderInference }, (exchange, request) => {
+      const caller = exchange.caller
+      /** One call; the exchange completes with its usage. */
+      const embed = (
+        adapter: UpstreamAdapter,
+        model: string,
+        inputs: ReadonlyArray<string>,
+        mapFailure: (error: UpstreamError) => GatewayError
+      ) =>
+        Effect.gen(function*() {
+          exchange.markDispatched()
+          const result = yield* adapter.embed(model, inputs).pipe(Effect.mapError(mapFailure))
+          exchange.setUsage({ prompt_tokens: result.prompt_tokens, completion_tokens: 0, reasoning_tokens: 0, cached_tokens: 0 })
+          exchange.markFirstByte()
+          yield* exchange.succeed()
+          return result
         })
-        return yield* finishing(exchange, run)
+      const pooled = ({ inputs, model, request: req }: PoolEmbeddings) =>
+        Effect.gen(function*() {
+          exchange.routeTo(model.route.provider)
+          yield* exchange.admit(admission, {
+            accountId: caller.account.id,
+            plan: settings.planFor(caller.account.plan),
+            model,
+            estimatedInputTokens: exchange.estimatedInput,
+            byok: false
+          })
+          const adapter = yield* upstreams.get(model.route.provider).pipe(Effect.mapError(upstreamFailure))
+          return answer(exchange, model.id, req, yield* embed(adapter, model.route.model, inputs, upstreamFailure), true)
+        })
+      return Effect.gen(function*() {
+        const prepared = yield* prepareEmbeddings(request, exchange, settings.config.limits, catalog.current().byId)
+        if (prepared._tag === "Pool") return yield* pooled(prepared)
+        return yield* runByok(exchange, caller, prepared.reference, {
+          attempt: (adapter, mapFailure) =>
+            Effect.map(
+              embed(adapter, prepared.reference.model, prepared.inputs, mapFailure),
+              (result) => answer(exchange, prepared.request.model, prepared.request, result, false)
+            ),
+          fallback: (model) => Effect.map(embeddingsForModel(exchange, prepared.request, model), pooled)
+        })
       })
-    )
+    })
   })
 )

@@ -6,14 +6,14 @@
  * later completions are no-ops.
  */
 import { Cause, Clock, type Context, Effect, Exit, Scope } from "effect"
-import { HttpServerResponse } from "effect/http"
-import type { Caller } from "../auth/Auth.js"
+import { HttpServerRequest, HttpServerResponse } from "effect/http"
+import { Auth, type Caller } from "../auth/Auth.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
 import { renderInference } from "../errors/Render.js"
-import { recordFailure } from "../http/FailedRequests.js"
-import { currentRequestId, defectCode } from "../http/Respond.js"
+import { guard as guardFailures, recordFailure } from "../http/FailedRequests.js"
+import { currentRequestId, defectCode, handle, headersOf } from "../http/Respond.js"
 import type { Admission, AdmitInput, Standing, Ticket } from "../quota/Admission.js"
-import type { RequestLog } from "../telemetry/RequestLog.js"
+import { RequestLog } from "../telemetry/RequestLog.js"
 import { type Completion, requestRow, type RowSource, tokensPerSecond } from "../telemetry/RequestRow.js"
 import type { Usage } from "../upstream/Upstream.js"
 import { UNKNOWN_MODEL_ID } from "./JsonGuard.js"
@@ -297,17 +297,20 @@ const failureOf = (cause: Cause.Cause<GatewayError>): GatewayError | null => {
   return fail(defectCode(cause))
 }
 
-const renderWithRow = (error: GatewayError, rowId: number) =>
-  HttpServerResponse.setHeader(renderInference(error), "x-request-id", String(rowId))
+type Renderer = (error: GatewayError) => HttpServerResponse.HttpServerResponse
+
+const renderWithRow = (render: Renderer, error: GatewayError, rowId: number) =>
+  HttpServerResponse.setHeader(render(error), "x-request-id", String(rowId))
 
 /**
  * Runs a request's work so that its exchange always completes: an error (or a defect, rendered by `handle`
- * as 500 internal_error) completes it as failed, an interruption as cancelled. Errors are rendered with the
- * request row id.
+ * as 500 internal_error) completes it as failed, an interruption as cancelled. Errors are rendered by `render`
+ * (the inference envelope unless told) with the request row id.
  */
 export const finishing = <R>(
   exchange: Exchange,
-  run: Effect.Effect<HttpServerResponse.HttpServerResponse, GatewayError, R>
+  run: Effect.Effect<HttpServerResponse.HttpServerResponse, GatewayError, R>,
+  render: Renderer = renderInference
 ) =>
   run.pipe(
     Effect.tapCause((cause) => {
@@ -316,5 +319,46 @@ export const finishing = <R>(
     }),
     Effect.onInterrupt(() => exchange.cancel()),
     Effect.tapError((error) => recordFailure(exchange.caller, error)),
-    Effect.catch((error) => Effect.succeed(renderWithRow(error, exchange.rowId)))
+    Effect.catch((error) => Effect.succeed(renderWithRow(render, error, exchange.rowId)))
   )
+
+export interface ExchangeRouteOptions {
+  /** The error envelope: `renderInference`, or `renderImage` for the image endpoint. */
+  readonly render: Renderer
+  /** The row's model id from the start (a route with one fixed id); otherwise the route records it when known. */
+  readonly modelId?: string
+}
+
+/**
+ * The skeleton every spending `/v1` route shares (chat completions, embeddings, images), in this order: the bearer
+ * key (401, counted against the client address), the failed-request guard (429, before the body), the exchange
+ * opened on the request's scope (from here on every outcome leaves a request row), the account gates (403), then
+ * `run`. Everything is answered through `handle` (request id header, defects as 500/503) with `render`.
+ */
+export const exchangeRoute = <R>(
+  options: ExchangeRouteOptions,
+  run: (exchange: Exchange, request: HttpServerRequest.HttpServerRequest) => Effect.Effect<
+    HttpServerResponse.HttpServerResponse,
+    GatewayError,
+    R
+  >
+) =>
+  Effect.gen(function*() {
+    const request = yield* HttpServerRequest.HttpServerRequest
+    const auth = yield* Auth
+    const log = yield* RequestLog
+    return yield* handle(
+      options.render,
+      Effect.gen(function*() {
+        const caller = yield* auth.bearer(request)
+        yield* guardFailures(caller)
+        const exchange = yield* Exchange.open(caller, log)
+        if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
+        return yield* finishing(
+          exchange,
+          Effect.andThen(auth.gate(caller, headersOf(request)), Effect.suspend(() => run(exchange, request))),
+          options.render
+        )
+      })
+    )
+  })

@@ -26,6 +26,8 @@ export interface GatewayOptions {
    */
   readonly dataDir?: string
   readonly admission?: AppOptions["admission"]
+  /** In-process image services (the queue, slots, presets and gallery) instead of the configured ones. */
+  readonly images?: AppOptions["images"]
   /** Sees every database connection (support/SqlCounter.ts). */
   readonly sqlTap?: AppOptions["sqlTap"]
 }
@@ -65,6 +67,7 @@ export const startGateway = async (options: GatewayOptions = {}): Promise<TestGa
   })
   const runtime = ManagedRuntime.make(appLayer(config, path, {
     ...(options.admission ? { admission: options.admission } : {}),
+    ...(options.images ? { images: options.images } : {}),
     ...(options.sqlTap ? { sqlTap: options.sqlTap } : {})
   }))
   const key = await runtime.runPromise(ensureDevAccount)
