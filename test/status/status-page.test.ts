@@ -105,6 +105,8 @@ describe.skipIf(!hasChromium)(`status page in ${CHROMIUM} (skipped when it is no
     expect(await page.locator("#summary").textContent()).toContain("진행 중인 장애 1건")
     expect(await page.locator("#incidents > li").count()).toBe(2)
     expect(await page.locator("#quota .quota-row").count()).toBe(4)
+    // The image queue's workers (the simulated one of embedded mode).
+    expect(await page.locator("#images").textContent()).toMatch(/^이미지 생성: 작업 서버 \d+대 연결/)
     const loadedAt = await page.locator("body").getAttribute("data-loaded")
 
     // 3 failures after 10 successes: 23% of the window, 3 of the last 10: degraded, not down.
