@@ -38,8 +38,8 @@ const routesOf = async (router: Layer.Layer<never, never, any>): Promise<Array<R
   return routes
 }
 
-/** Routes that answer without authenticating, on purpose. */
-const PUBLIC = ["GET /v1/openapi.json"]
+/** Routes that answer without authenticating, on purpose (the public status endpoints: issue 18). */
+const PUBLIC = ["GET /v1/openapi.json", "GET /api/quota", "GET /api/stats/fleet", "GET /api/stats/server", "GET /api/incidents"]
 
 let nextAddress = 0
 /** A fresh counted address per use (TEST-NET-2 and TEST-NET-3). */
