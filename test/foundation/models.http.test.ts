@@ -97,7 +97,8 @@ describe("GET /v1/models", () => {
       fetch(`${gw.url}/v1/models`),
       fetch(`${gw.url}/v1/models`, { headers: { authorization: "Bearer sk-ws-unknown0000000000000000" } }),
       fetch(`${gw.url}/v1/nothing-here`, { headers: authed(gw.key) }),
-      fetch(`${gw.url}/`),
+      // (`/` is the status page of the status origin, which this listener serves too.)
+      fetch(`${gw.url}/no-such-page`),
       fetch(`${gw.url}/v1/models`, { method: "DELETE", headers: authed(gw.key) })
     ])
     expect(responses.map((r) => r.status)).toEqual([200, 200, 401, 401, 404, 404, 404])
