@@ -1,4 +1,4 @@
-import { Effect, Layer } from "effect"
+import { Effect, Layer, References } from "effect"
 import { SqlClient } from "effect/sql"
 import { accountRoutes } from "./accounts/AccountRoutes.js"
 import * as AccountsRepo from "./accounts/AccountsRepo.js"
@@ -20,7 +20,11 @@ import type { Admission } from "./quota/Admission.js"
 import * as AdmissionLayer from "./quota/layer.js"
 import * as Sql from "./store/Sql.js"
 import * as GatewayLogger from "./telemetry/GatewayLogger.js"
+import * as Health from "./telemetry/Health.js"
+import { operatorRouter } from "./telemetry/Operator.js"
 import * as RequestLog from "./telemetry/RequestLog.js"
+import * as Telemetry from "./telemetry/Telemetry.js"
+import * as Tracing from "./telemetry/Tracing.js"
 import * as Upstreams from "./upstream/Upstreams.js"
 
 /** Inference API (`/v1/*`): one `HttpRouter.add` route layer per endpoint. */
@@ -95,7 +99,9 @@ export interface AppOptions {
 
 /** Everything except the HTTP listeners: config, storage, services. */
 export const servicesLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
-  const base = Layer.merge(Live.layer(config, configPath), Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir }))
+  // Metrics and (when OTEL_* configures an exporter) traces, under everything that records them.
+  const observed = Layer.provideMerge(Telemetry.layer, Layer.merge(Live.layer(config, configPath), Tracing.layer()))
+  const base = Layer.merge(observed, Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir }))
   const admission = options.admission ?? defaultAdmission
   const domain = Layer.mergeAll(
     Layer.provide(Auth.layer, Layer.provideMerge(AccountsRepo.layer, base)),
@@ -105,10 +111,14 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     upstreamsLayer,
     admission,
     options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
-    CredentialsRepo.layer
+    CredentialsRepo.layer,
+    Health.layer
   )
-  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path.
-  return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base))
+  // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path. Background fibers make no
+  // spans (requests do, when tracing is on: http/Server.ts).
+  return Layer.provideMerge(Credentials.layer, Layer.provideMerge(domain, base)).pipe(
+    Layer.provide(Layer.succeed(References.TracerEnabled, false))
+  )
 }
 
 /**
@@ -117,7 +127,10 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
  */
 export const appLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
   const services = servicesLayer(config, configPath, options)
-  const server = Server.layer({ inference: inferenceRouter, account: accountRouter, status: statusRouter })
+  const server = Server.layer(
+    { inference: inferenceRouter, account: accountRouter, status: statusRouter, operator: operatorRouter },
+    { everyListener: Health.routes }
+  )
   return Layer.provideMerge(Layer.provideMerge(server, services), GatewayLogger.layer(options.logSink))
 }
 

@@ -66,7 +66,7 @@ export const embeddings = HttpRouter.add(
       Effect.gen(function*() {
         const caller = yield* auth.bearer(request)
         yield* guardFailures(caller)
-        const exchange = yield* Exchange.open(caller, log)
+        const exchange = yield* Exchange.open(caller, log, "embeddings")
         /** One call; the exchange completes with its usage. */
         const embed = (
           adapter: UpstreamAdapter,
