@@ -7,7 +7,7 @@
  * - `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` (used as is) or `OTEL_EXPORTER_OTLP_ENDPOINT` (+ `/v1/traces`);
  * - `OTEL_EXPORTER_OTLP_PROTOCOL` / `..._TRACES_PROTOCOL`: `http/protobuf` (default) or `http/json`;
  * - `OTEL_EXPORTER_OTLP_HEADERS` / `..._TRACES_HEADERS`: `key=value,key2=value2` (values percent-decoded);
- * - `OTEL_SERVICE_NAME` (default `wellspring`), `OTEL_RESOURCE_ATTRIBUTES`;
+ * - `OTEL_SERVICE_NAME` (else `service.name` in `OTEL_RESOURCE_ATTRIBUTES`, else `wellspring`), `OTEL_RESOURCE_ATTRIBUTES`;
  * - `OTEL_BSP_SCHEDULE_DELAY` (ms between exports, default 5000);
  * - `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none` turn it off.
  *
@@ -29,12 +29,12 @@ export interface TracingSettings {
   readonly url: string
   readonly protocol: "http/protobuf" | "http/json"
   readonly headers: Readonly<Record<string, string>>
-  /** Undefined when the environment names the service (OTEL_SERVICE_NAME or OTEL_RESOURCE_ATTRIBUTES). */
-  readonly serviceName: string | undefined
+  /** OTEL_SERVICE_NAME, else `service.name` of OTEL_RESOURCE_ATTRIBUTES, else `wellspring`. */
+  readonly serviceName: string
   readonly exportIntervalMs: number | undefined
 }
 
-const parseHeaders = (name: string, text: string): Record<string, string> => {
+const parsePairs = (name: string, text: string): Record<string, string> => {
   const headers: Record<string, string> = {}
   for (const entry of text.split(",")) {
     if (entry.trim() === "") continue
@@ -82,8 +82,8 @@ export const tracingSettings = (env: NodeJS.ProcessEnv): TracingSettings | null 
     })
   }
   const headersVar = env.OTEL_EXPORTER_OTLP_TRACES_HEADERS ? "OTEL_EXPORTER_OTLP_TRACES_HEADERS" : "OTEL_EXPORTER_OTLP_HEADERS"
-  const headers = parseHeaders(headersVar, env[headersVar] ?? "")
-  const named = !!env.OTEL_SERVICE_NAME || /(^|,)\s*service\.name\s*=/.test(env.OTEL_RESOURCE_ATTRIBUTES ?? "")
+  const headers = parsePairs(headersVar, env[headersVar] ?? "")
+  const attributes = parsePairs("OTEL_RESOURCE_ATTRIBUTES", env.OTEL_RESOURCE_ATTRIBUTES ?? "")
   const delay = env.OTEL_BSP_SCHEDULE_DELAY
   if (delay !== undefined && !/^\d+$/.test(delay.trim())) {
     throw new TracingConfigError({ message: `OTEL_BSP_SCHEDULE_DELAY must be a number of milliseconds, got ${delay.slice(0, 40)}` })
@@ -92,7 +92,7 @@ export const tracingSettings = (env: NodeJS.ProcessEnv): TracingSettings | null 
     url,
     protocol,
     headers,
-    serviceName: named ? undefined : "wellspring",
+    serviceName: env.OTEL_SERVICE_NAME?.trim() || attributes["service.name"] || "wellspring",
     exportIntervalMs: delay === undefined ? undefined : Number(delay)
   }
 }
