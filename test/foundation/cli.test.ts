@@ -275,7 +275,7 @@ describe.skipIf(!postgres)("CLI on PostgreSQL with a running gateway", () => {
 describe("CLI in embedded mode", () => {
   it("refuses to create a new embedded database unless asked (--create), and names the database it used", async () => {
     const dataDir = Path.join(tmp, "typo")
-    const refused = await inProcess(["key:list", "--username", "dev", "--data-dir", dataDir])
+    const refused = await spawned(["key:list", "--username", "dev", "--data-dir", dataDir])
     expectUsageError(refused, /no embedded database in .*typo; .*--create/)
     expect(refused.stderr.trim().split("\n")[0]).toContain(dataDir)
     // Nothing was made in its place.
