@@ -70,3 +70,17 @@ describe("/metrics route", () => {
     expect(families.has("wellspring_request_log_queue_rows")).toBe(true)
   })
 })
+
+describe("metric labels", () => {
+  it("are catalog ids, `byok` for a user's own credential, `unknown` for anything else", () => {
+    const telemetry = new Telemetry(true, false, () => view, undefined, undefined, "memory")
+    expect(telemetry.modelLabel("ws-pro", false)).toBe("ws-pro")
+    expect(telemetry.modelLabel("@openai/gpt-4o", true)).toBe("byok")
+    expect(telemetry.modelLabel("gpt-4o", false)).toBe("unknown")
+    expect(telemetry.modelLabel("ws-pro\"}", false)).toBe("unknown")
+    // One series object per pair, made once.
+    expect(telemetry.series("chat", "ws-pro")).toBe(telemetry.series("chat", "ws-pro"))
+    // The default recorder (no gateway) records nothing.
+    expect(Telemetry.disabled.enabled).toBe(false)
+  })
+})
