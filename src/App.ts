@@ -1,4 +1,4 @@
-import { Effect, Layer } from "effect"
+import { Effect, Layer, References } from "effect"
 import { SqlClient } from "effect/sql"
 import { accountRoutes } from "./accounts/AccountRoutes.js"
 import * as AccountsRepo from "./accounts/AccountsRepo.js"
@@ -34,7 +34,11 @@ import { pageRoutes, publicStatsRoutes, quotaRoute } from "./status/Routes.js"
 import * as Status from "./status/Status.js"
 import * as Sql from "./store/Sql.js"
 import * as GatewayLogger from "./telemetry/GatewayLogger.js"
+import * as Health from "./telemetry/Health.js"
+import { operatorRouter } from "./telemetry/Operator.js"
 import * as RequestLog from "./telemetry/RequestLog.js"
+import * as Telemetry from "./telemetry/Telemetry.js"
+import * as Tracing from "./telemetry/Tracing.js"
 import * as Upstreams from "./upstream/Upstreams.js"
 
 /** Inference API (`/v1/*`): one `HttpRouter.add` route layer per endpoint. */
@@ -142,10 +146,12 @@ const refreshStore = (config: GatewayConfig): Layer.Layer<Refresh.RefreshStore> 
 
 /** Everything except the HTTP listeners: config, storage, services. */
 export const servicesLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
+  // Metrics and (when OTEL_* configures an exporter) traces, under everything that records them.
+  const observed = Layer.provideMerge(Telemetry.layer, Layer.merge(Live.layer(config, configPath), Tracing.layer()))
   const base = Layer.provideMerge(
     LiveImages.layer,
     Layer.mergeAll(
-      Live.layer(config, configPath),
+      observed,
       Sql.layerSql({ databaseUrl: config.database_url, dataDir: config.data_dir, tap: options.sqlTap }),
       refreshStore(config)
     )
@@ -164,16 +170,18 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     Gallery.layer,
     // Slots, queue and workers (memory, or Redis with redis_url; the simulated worker in embedded mode). Later in
     // the merge, so a test's image services replace the real ones.
-    options.images ? Layer.merge(options.images, noImageWork) : Images.layer
+    options.images ? Layer.merge(options.images, noImageWork) : Images.layer,
+    Health.layer
   )
   // Credentials in use need the BYOK runtime, their rows and Auth's invalidation path; worker tokens need Auth too.
   // A test's worker side replaces the queue's (outer layers win). The status resources and the leaderboard refresh
-  // in the background from storage, admission and the image queue (domain).
+  // in the background from storage, admission and the image queue (domain). Background fibers make no spans
+  // (requests do, when tracing is on: http/Server.ts).
   const images = options.imageWork ? Layer.merge(WorkerTokens.layer, options.imageWork) : WorkerTokens.layer
   return Layer.provideMerge(
     Layer.mergeAll(Credentials.layer, images, Status.layer, Leaderboard.layer),
     Layer.provideMerge(domain, base)
-  )
+  ).pipe(Layer.provide(Layer.succeed(References.TracerEnabled, false)))
 }
 
 /**
@@ -182,7 +190,10 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
  */
 export const appLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
   const services = servicesLayer(config, configPath, options)
-  const server = Server.layer({ inference: inferenceRouter, account: accountRouter, status: statusRouter })
+  const server = Server.layer(
+    { inference: inferenceRouter, account: accountRouter, status: statusRouter, operator: operatorRouter },
+    { everyListener: Health.routes }
+  )
   return Layer.provideMerge(Layer.provideMerge(server, services), GatewayLogger.layer(options.logSink))
 }
 

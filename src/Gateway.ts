@@ -28,10 +28,39 @@ const configFailure = (error: ConfigLoadError) =>
     return process.exit(2)
   })
 
+/**
+ * SIGINT / SIGTERM: the runtime interrupts the main fiber (the drain runs as the layers close); this says so, with
+ * the open requests, and a second signal ends the process at once (exit 128 + signal number).
+ */
+const onSignals = (config: GatewayConfig, openRequests: () => number) =>
+  Effect.gen(function*() {
+    const runFork = Effect.runForkWith(yield* Effect.context<never>())
+    let received = 0
+    const handler = (signal: NodeJS.Signals) => {
+      received++
+      const open = openRequests()
+      if (received === 1) {
+        const delay = config.shutdown_delay_seconds
+        runFork(Effect.logWarning(
+          `${signal} received: draining ${open} open request${open === 1 ? "" : "s"} (` +
+            (delay > 0 ? `not ready for ${delay} s, then ` : "") +
+            `up to ${config.shutdown_grace_seconds} s); send ${signal} again to exit at once`
+        ))
+        return
+      }
+      process.stderr.write(`wellspring: second ${signal}: exiting now with ${open} request${open === 1 ? "" : "s"} open\n`)
+      process.exit(signal === "SIGINT" ? 130 : 143)
+    }
+    // Kept until the process exits: a second signal during the drain must still be heard.
+    process.on("SIGINT", handler)
+    process.on("SIGTERM", handler)
+  })
+
 const serve = (config: GatewayConfig, started: number) =>
   Effect.gen(function*() {
     const key = yield* bootstrapDevAccount
-    const { listeners } = yield* BoundListeners
+    const { listeners, lifecycle } = yield* BoundListeners
+    yield* onSignals(config, lifecycle.openRequests)
     for (const l of listeners) {
       yield* Effect.logInfo(`listening on http://${l.host}:${l.port} (${l.origins.join(", ")})`)
     }

@@ -3,10 +3,13 @@
  *
  * Loads the config with the gateway's layers (file, env, `--config` / `--data-dir` / `--database-url`) and
  * talks to the same storage. Exit codes: 0 done, 2 bad arguments (usage, unknown account or key, bad
- * config), 1 anything else (database down, ...). Errors are one line on stderr, never a stack trace.
+ * config, no embedded database without `--create`), 1 anything else (database down, ...). Errors are one line on
+ * stderr, never a stack trace; every outcome names the database it used.
  */
-import { Cause, Data, Effect, Exit, Layer, Option } from "effect"
+import { Cause, Data, Effect, Exit, Layer, Option, Redacted } from "effect"
 import { SqlClient } from "effect/sql"
+import * as Fs from "node:fs"
+import * as Path from "node:path"
 import * as Url from "node:url"
 import { ACCOUNT_STATUSES, type AccountRow, type AccountStatus, AccountsRepo, DEFAULT_KEY_LABEL, type KeyRow } from "./accounts/AccountsRepo.js"
 import * as Accounts from "./accounts/AccountsRepo.js"
@@ -44,7 +47,8 @@ interface CommandEnv {
 const GLOBAL_FLAGS: Readonly<Record<string, FlagKind>> = {
   config: "value",
   "data-dir": "value",
-  "database-url": "value"
+  "database-url": "value",
+  create: "boolean"
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -462,7 +466,8 @@ export const helpText = (command?: string): string => {
   const spec = command ? commands[command] : undefined
   if (spec) {
     return `Usage: npm run cli -- ${spec.usage}\n\n${spec.summary}.\n\n` +
-      "Global flags: --config PATH  --data-dir DIR  --database-url URL (override config/gateway.yaml and env)\n"
+      "Global flags: --config PATH  --data-dir DIR  --database-url URL (override config/gateway.yaml and env)\n" +
+      "              --create (make a new embedded database when the data folder has none)\n"
   }
   const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(20)} ${c.summary}`)
   return [
@@ -475,6 +480,7 @@ export const helpText = (command?: string): string => {
     "  --config PATH        config file (default config/gateway.yaml, env WELLSPRING_CONFIG)",
     "  --data-dir DIR       embedded data folder (env WELLSPRING_DATA_DIR)",
     "  --database-url URL   PostgreSQL (env DATABASE_URL); unset means the embedded database",
+    "  --create             make a new embedded database if the data folder has none (refused otherwise)",
     "",
     "Run `npm run cli -- <command> --help` for a command's flags.",
     ""
@@ -535,12 +541,29 @@ const expectsValue = (tokens: ReadonlyArray<string>): boolean => {
 // ---------------------------------------------------------------------------------------------------------
 // Running
 
-const storage = (config: GatewayConfig, path: string) => {
-  const settings = Layer.succeed(Settings, makeSettings(config, path))
+/** Whether an embedded database exists in `dataDir` (PGlite's folder with its version file). */
+const embeddedExists = (dataDir: string) => Fs.existsSync(Path.resolve(dataDir, "pglite", "PG_VERSION"))
+
+/** The database a command uses, for the operator (never credentials). */
+const describeDatabase = (config: GatewayConfig, owner: EmbeddedLock.EmbeddedOwner | null): string =>
+  config.database_url
+    ? `PostgreSQL at ${Sql.describeDatabaseUrl(Redacted.value(config.database_url))}`
+    : `embedded database in ${Path.resolve(config.data_dir)}` +
+      (owner ? ` (through the running gateway, process ${owner.pid})` : "")
+
+const storage = (config: GatewayConfig, path: string, create: boolean) => {
   const owner = config.database_url ? null : EmbeddedLock.currentOwner(config.data_dir)
   if (owner && owner.socket === null) {
     throw new CliFailure(`the gateway (process ${owner.pid}) is still opening ${config.data_dir}; try again`)
   }
+  // A mistyped --data-dir must not quietly create an empty database (and a key file) somewhere else.
+  if (!config.database_url && !owner && !create && !embeddedExists(config.data_dir)) {
+    throw usage(
+      `no embedded database in ${Path.resolve(config.data_dir)}; point --data-dir (or WELLSPRING_DATA_DIR) at the ` +
+        "gateway's data folder, use --database-url for PostgreSQL, or pass --create to make a new one"
+    )
+  }
+  const settings = Layer.succeed(Settings, makeSettings(config, path))
   // Embedded mode with a running gateway: attach to its pglite-socket (a Unix socket in the private data
   // folder) instead of opening the folder twice.
   const sql = owner
@@ -611,12 +634,15 @@ export const run = async (
       flags: { configPath: text(flags, "config"), dataDir: text(flags, "data-dir"), databaseUrl: text(flags, "database-url") }
     })
     config = loaded.config
-    ;({ layer, owner } = storage(config, loaded.path))
+    ;({ layer, owner } = storage(config, loaded.path, flags.create === true))
   } catch (error) {
-    if (error instanceof ConfigLoadError) return fatal(error.message, 2)
+    if (error instanceof ConfigLoadError || error instanceof UsageError) return fatal(error.message, 2)
     if (error instanceof CliFailure) return fatal(error.message, 1)
     return fatal(`cannot start: ${(error as Error).message}`, 1)
   }
+  const database = describeDatabase(config, owner)
+  /** Every outcome names the database (once: a connection failure already does). */
+  const naming = (message: string) => message.includes(database) || message.includes("PostgreSQL at") ? message : `${message} (${database})`
   const env: CommandEnv = {
     config,
     announce: (invalidation) =>
@@ -637,10 +663,13 @@ export const run = async (
   }
   const program = commands[command]!.run(flags, env).pipe(Effect.provide(layer))
   const exit = await Effect.runPromiseExit(program as Effect.Effect<void, UsageError | Sql.StoreError>)
-  if (Exit.isSuccess(exit)) return 0
+  if (Exit.isSuccess(exit)) {
+    io.err(`wellspring-cli: database: ${database}\n`)
+    return 0
+  }
   const failure = Cause.findErrorOption(exit.cause)
-  if (Option.isSome(failure) && failure.value instanceof UsageError) return fatal(failure.value.message, 2)
-  return fatal(describeFailure(exit.cause), 1)
+  if (Option.isSome(failure) && failure.value instanceof UsageError) return fatal(naming(failure.value.message), 2)
+  return fatal(naming(describeFailure(exit.cause)), 1)
 }
 
 const isMain = process.argv[1] !== undefined && Url.pathToFileURL(process.argv[1]).href === import.meta.url

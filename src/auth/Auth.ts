@@ -7,6 +7,7 @@ import { Settings } from "../config/Live.js"
 import { AuthMessages, fail, type GatewayError } from "../errors/Catalog.js"
 import * as ClientAddress from "../http/ClientAddress.js"
 import { MAX_TRACKED_KEYS } from "../quota/RateLimit.js"
+import { CurrentTelemetry } from "../telemetry/Telemetry.js"
 import * as FailedAuth from "./FailedAuth.js"
 import * as Invalidation from "./Invalidation.js"
 import { hashKey, isWellFormed } from "./KeyMaterial.js"
@@ -64,6 +65,8 @@ export class Auth extends Context.Service<Auth, {
   readonly clientAddress: (request: HttpServerRequest.HttpServerRequest) => string
   /** Key and session reads that reached the store so far. */
   readonly storeLookups: Effect.Effect<StoreLookups>
+  /** Bearer keys answered from the cache (valid or known unknown) and read from the store, since start (metrics). */
+  readonly keyCache: () => { readonly hits: number; readonly misses: number }
   /** Drops cached entries of these key hashes (and announces it to other replicas). */
   readonly invalidateKeys: (hashes: ReadonlyArray<string>) => Effect.Effect<void>
   /** Drops cached entries of an account (status or profile change). */
@@ -106,7 +109,9 @@ export const make = Effect.gen(function*() {
   const addresses = ClientAddress.make(config.trusted_proxies)
   const limiter = FailedAuth.makeLimiter(config.limits.failed_auth_per_minute)
   let keyLookups = 0
+  let keyCacheHits = 0
   let sessionLookups = 0
+  const telemetry = yield* CurrentTelemetry
   /**
    * Session tokens the store did not know (SHA-256 → expiry), so a repeated unknown cookie costs no query. Never
    * invalidated: sessions are only created with a fresh random 48-character token, which no cached guess matches.
@@ -246,6 +251,7 @@ export const make = Effect.gen(function*() {
       const hit = hash === null ? undefined : cache.get(hash)
       // A valid cached key is served even from a refused address (a client behind the same NAT as a guesser).
       if (hit !== undefined && hit.expiresAt > now && hit.caller !== null) {
+        keyCacheHits++
         touch(hit.caller.key!, now)
         return Effect.succeed(hit.caller)
       }
@@ -253,7 +259,11 @@ export const make = Effect.gen(function*() {
       const wait = limiter.retryAfter(client, now)
       if (wait > 0 && !hit?.caller) return refuse(client, now, wait)
       // Malformed, or cached as unknown.
-      if (hash === null || (hit !== undefined && hit.expiresAt > now)) return invalidKey(client, now)
+      if (hash === null) return invalidKey(client, now)
+      if (hit !== undefined && hit.expiresAt > now) {
+        keyCacheHits++
+        return invalidKey(client, now)
+      }
       const seen = invalidations
       keyLookups++
       return lookup(client, now, store.findActiveKeyByHash(hash)).pipe(Effect.flatMap((found) => {
@@ -334,9 +344,11 @@ export const make = Effect.gen(function*() {
     authenticateKey,
     authenticateSession,
     authenticateWith,
-    bearer: (request) => authenticateKey(request.headers.authorization, clientAddress(request)),
+    bearer: (request) =>
+      telemetry.span(authenticateKey(request.headers.authorization, clientAddress(request)), "wellspring.auth"),
     clientAddress,
     storeLookups: Effect.sync(() => ({ keys: keyLookups, sessions: sessionLookups })),
+    keyCache: () => ({ hits: keyCacheHits, misses: keyLookups }),
     invalidateKeys: (hashes) => Effect.forEach(hashes, (hash) => announce(Invalidation.key(hash)), { discard: true }),
     invalidateAccount: (accountId) => announce(Invalidation.account(accountId)),
     invalidateCredentials: (accountId) => announce(Invalidation.credentials(accountId)),

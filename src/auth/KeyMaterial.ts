@@ -63,8 +63,20 @@ export const open = (key: Buffer, sealed: string, associated: string): string | 
   }
 }
 
-export const decodeEncryptionKey = (base64: string): Buffer => {
-  const key = Buffer.from(base64, "base64")
-  if (key.length !== 32) throw new Error("encryption_key must be base64 of exactly 32 bytes")
+/** A 32-byte key as written in config or env: 64 hex digits, or base64 / base64url (padding optional). */
+export const decodeKey32 = (text: string): Buffer | null => {
+  const trimmed = text.trim()
+  if (/^[0-9a-fA-F]{64}$/.test(trimmed)) return Buffer.from(trimmed, "hex")
+  if (/^[A-Za-z0-9+/_-]{43}=?$/.test(trimmed)) {
+    const key = Buffer.from(trimmed.replace(/-/g, "+").replace(/_/g, "/"), "base64")
+    if (key.length === 32) return key
+  }
+  return null
+}
+
+/** The key-encryption key (config, env or the embedded key file): hex or base64 of 32 bytes. */
+export const decodeEncryptionKey = (text: string): Buffer => {
+  const key = decodeKey32(text)
+  if (key === null) throw new Error("encryption_key must be 32 bytes, as 64 hex digits or base64")
   return key
 }

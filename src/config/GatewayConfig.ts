@@ -2,6 +2,7 @@ import { Effect, Result, Schema, SchemaIssue } from "effect"
 import * as Fs from "node:fs"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
+import { decodeKey32 } from "../auth/KeyMaterial.js"
 import { ByokConfig } from "../byok/Config.js"
 import { isRange } from "../http/ClientAddress.js"
 import { ImagesConfig } from "../images/Config.js"
@@ -26,7 +27,8 @@ const pattern = (regex: RegExp, message?: string) =>
 // Defined with the chat wire shapes; re-exported for the catalog's `reasoning_efforts`.
 export { ReasoningEffort }
 
-export const Origin = Schema.Literals(["inference", "account", "status"])
+/** `operator`: `/metrics` (telemetry/Operator.ts); no listener serves it unless the config names it. */
+export const Origin = Schema.Literals(["inference", "account", "status", "operator"])
 export type Origin = typeof Origin.Type
 
 export const Listener = Schema.Struct({
@@ -218,8 +220,10 @@ export const GatewayConfig = Schema.Struct({
   redis_url: Schema.optional(Schema.RedactedFromValue(Schema.String)),
   /** Prefix of every admission key in Redis (env `WELLSPRING_REDIS_PREFIX`); lets deployments share one Redis. */
   redis_key_prefix: pattern(/^[A-Za-z0-9:_.\-]{1,64}$/).pipe(withDefault(() => "ws:q:")),
-  /** Base64 of 32 bytes; enables key reveal and BYOK. Generated into data_dir in embedded mode. */
-  encryption_key: Schema.optional(Schema.RedactedFromValue(Schema.String)),
+  /** 32 bytes as 64 hex digits or base64; enables key reveal. Generated into data_dir in embedded mode. */
+  encryption_key: Schema.optional(Schema.RedactedFromValue(
+    Schema.String.check(Schema.makeFilter((s: string) => isKey32(s) ? undefined : KEY32_MESSAGE))
+  )),
   key_prefix: pattern(/^[a-z][a-z0-9-]{1,15}$/).pipe(withDefault(() => "sk-ws-")),
   catalog_reload_seconds: Positive.pipe(withDefault(() => 5)),
   access: AccessConfig.pipe(withDefault(() => Schema.decodeSync(AccessConfig)({}))),
@@ -231,6 +235,11 @@ export const GatewayConfig = Schema.Struct({
     flush_ms: PositiveInt.pipe(withDefault(() => 200))
   }).pipe(withDefault(() => ({ batch_size: 500, flush_ms: 200 }))),
   shutdown_grace_seconds: NonNegative.pipe(withDefault(() => 20)),
+  /**
+   * After SIGTERM / SIGINT, `/readyz` answers 503 for this long while everything else is still served, so a load
+   * balancer stops sending before the listeners close; then the drain (`shutdown_grace_seconds`) begins.
+   */
+  shutdown_delay_seconds: NonNegative.pipe(withDefault(() => 0)),
   limits: LimitsConfig.pipe(withDefault(() => Schema.decodeSync(LimitsConfig)({}))),
   /**
    * Proxies (CIDR ranges or addresses) whose `X-Forwarded-For` names the client (src/http/ClientAddress.ts).
@@ -269,6 +278,10 @@ export type GatewayConfigEncoded = typeof GatewayConfig.Encoded
 export class ConfigLoadError extends Error {
   override readonly name = "ConfigLoadError"
 }
+
+const KEY32_MESSAGE = "must be 32 bytes, as 64 hex digits or base64"
+
+const isKey32 = (text: string) => decodeKey32(text) !== null
 
 export const parseYaml = (text: string, source: string): unknown => {
   try {
@@ -381,12 +394,19 @@ export const loadConfig = (
   } catch (cause) {
     throw new ConfigLoadError(`cannot read config file ${path}: ${(cause as Error).message}`)
   }
-  const raw = parseYaml(text, path)
+  return { config: decodeLayered(parseYaml(text, path), path, options.env ?? process.env, flags), path }
+}
+
+/**
+ * A parsed config file with the env and flag layers on top, decoded. Throws ConfigLoadError naming the field, or
+ * the environment variable when its value is the bad one.
+ */
+export const decodeLayered = (raw: unknown, path: string, env2: NodeJS.ProcessEnv, flags: Overrides = {}): GatewayConfig => {
   if (typeof raw !== "object" || raw === null || Array.isArray(raw)) {
     throw new ConfigLoadError(`${path}: expected a mapping at the top`)
   }
+  const env = envOverrides(env2)
   const doc = { ...(raw as Record<string, unknown>) }
-  const env2 = options.env ?? process.env
   for (const layer of [env, flags]) {
     if (layer.port !== undefined || layer.host !== undefined) {
       const listeners = Array.isArray(doc.listeners) && doc.listeners.length > 0
@@ -402,6 +422,13 @@ export const loadConfig = (
     if (layer.databaseUrl) doc.database_url = layer.databaseUrl
     if (layer.redisUrl) doc.redis_url = layer.redisUrl
   }
+  // A bad key from the environment is named as the variable, not as the field it lands in.
+  for (const name of ["WELLSPRING_ENCRYPTION_KEY", "WELLSPRING_BYOK_KEY"] as const) {
+    const value = env2[name]
+    if (value && !isKey32(value)) {
+      throw new ConfigLoadError(`${name} ${KEY32_MESSAGE} (got ${value.trim().length} characters)`)
+    }
+  }
   if (env2.WELLSPRING_ENCRYPTION_KEY) doc.encryption_key = env2.WELLSPRING_ENCRYPTION_KEY
   if (env2.WELLSPRING_BYOK_KEY) {
     const byok = typeof doc.byok === "object" && doc.byok !== null ? doc.byok as Record<string, unknown> : {}
@@ -409,7 +436,7 @@ export const loadConfig = (
   }
   if (env2.WELLSPRING_KEY_PREFIX) doc.key_prefix = env2.WELLSPRING_KEY_PREFIX
   if (env2.WELLSPRING_REDIS_PREFIX) doc.redis_key_prefix = env2.WELLSPRING_REDIS_PREFIX
-  return { config: decodeGatewayConfig(doc, path), path }
+  return decodeGatewayConfig(doc, path)
 }
 
 /** One top-level section of a config file as written (for live reloads); `{}` when absent. */

@@ -4,7 +4,7 @@ import * as Fs from "node:fs"
 import * as Path from "node:path"
 import { decodeEncryptionKey } from "../auth/KeyMaterial.js"
 import type { Catalog, GatewayConfig, ModelConfig, PlanConfig } from "./GatewayConfig.js"
-import { readCatalogFile } from "./GatewayConfig.js"
+import { decodeCatalog, decodeLayered, parseYaml } from "./GatewayConfig.js"
 
 /** Modification time and size of the config file; null when it cannot be read. */
 export const fileStamp = (path: string): string | null => {
@@ -60,38 +60,103 @@ const fingerprint = (path: string): string | null => {
   }
 }
 
+/** Parts of the `byok` section that `byok/Byok.ts` takes live; the rest of it is read at boot only. */
+const LIVE_BYOK = new Set(["providers", "max_per_provider", "fallback_default_on", "rate_limit_rpm"])
+
+/**
+ * Each boot-only section of a decoded config (everything but `catalog` and the live parts of `byok`) as a
+ * comparable text; secrets are compared by hash, never kept.
+ */
+export const bootOnlySections = (config: GatewayConfig): ReadonlyMap<string, string> => {
+  const sections = new Map<string, string>()
+  for (const [key, value] of Object.entries(config)) {
+    if (key === "catalog") continue
+    const part = key === "byok"
+      ? Object.fromEntries(Object.entries(value as object).filter(([k]) => !LIVE_BYOK.has(k)))
+      : value
+    sections.set(
+      key,
+      JSON.stringify(part, function(this: Record<string, unknown>, k, v) {
+        const original = this[k]
+        return Redacted.isRedacted(original)
+          ? Crypto.createHash("sha256").update(String(Redacted.value(original))).digest("hex")
+          : v
+      }) ?? ""
+    )
+  }
+  return sections
+}
+
+/** The whole file decoded as at boot (file, then the environment); throws ConfigLoadError. */
+const readWhole = (path: string, env: NodeJS.ProcessEnv) => {
+  const raw = parseYaml(Fs.readFileSync(path, "utf8"), path)
+  return { catalog: decodeCatalog(raw, path), config: () => decodeLayered(raw, path, env) }
+}
+
 /**
  * Polls the config file every `catalog_reload_seconds` (on the Effect clock, so TestClock drives it).
- * A changed, valid catalog replaces the current one; an invalid edit keeps the previous catalog and logs why.
+ * A changed file is validated whole, as a restart would read it: when valid, its catalog replaces the current one;
+ * when not (in the catalog or anywhere else), the previous catalog stays and the log says why. A changed
+ * boot-only section (listeners, limits, plans, ...) is logged as taking effect only at the next restart.
  */
-export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.Input) =>
+export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.Input, env: NodeJS.ProcessEnv = process.env) =>
   Effect.gen(function*() {
     let view = indexCatalog(initial, 1)
     let seen = fingerprint(path)
     let lastRejection = ""
+    let lastPending = ""
+    /** The boot-only sections as the process started with them (null if the file could not be read then). */
+    let booted: ReadonlyMap<string, string> | null = null
+    try {
+      booted = bootOnlySections(readWhole(path, env).config())
+    } catch {
+      // Compared from the first valid reload on.
+    }
     const ref = yield* SubscriptionRef.make(view)
+    const reject = (message: string, why: string) => {
+      const log = why === lastRejection
+        ? Effect.void
+        : Effect.logWarning(message).pipe(Effect.annotateLogs({ why }))
+      lastRejection = why
+      return Effect.as(log, false)
+    }
     const reload = Effect.suspend(() => {
       const print = fingerprint(path)
       if (print === null || print === seen) return Effect.succeed(true)
       seen = print
+      let whole: ReturnType<typeof readWhole>
       try {
-        const next = indexCatalog(readCatalogFile(path), view.version + 1)
-        view = next
-        lastRejection = ""
-        return SubscriptionRef.set(ref, next).pipe(
-          Effect.andThen(Effect.logInfo("catalog reloaded").pipe(
-            Effect.annotateLogs({ version: next.version, models: next.catalog.models.length })
-          )),
-          Effect.as(true)
-        )
+        whole = readWhole(path, env)
       } catch (error) {
-        const why = (error as Error).message
-        const log = why === lastRejection
-          ? Effect.void
-          : Effect.logWarning("catalog reload rejected; keeping previous catalog").pipe(Effect.annotateLogs({ why }))
-        lastRejection = why
-        return Effect.as(log, false)
+        return reject("catalog reload rejected; keeping previous catalog", (error as Error).message)
       }
+      let config: GatewayConfig
+      try {
+        config = whole.config()
+      } catch (error) {
+        return reject(
+          "config reload rejected; keeping previous catalog (a restart with this file would fail)",
+          (error as Error).message
+        )
+      }
+      const sections = bootOnlySections(config)
+      booted ??= sections
+      const pending = [...sections].filter(([key, text]) => booted!.get(key) !== text).map(([key]) => key).join(", ")
+      const warnPending = pending === "" || pending === lastPending
+        ? Effect.void
+        : Effect.logWarning("config changed in sections read only at boot; they take effect at the next restart")
+          .pipe(Effect.annotateLogs({ sections: pending }))
+      lastPending = pending
+      const next = indexCatalog(whole.catalog, view.version + 1)
+      view = next
+      lastRejection = ""
+      return SubscriptionRef.set(ref, next).pipe(
+        Effect.andThen(Effect.logInfo("catalog reloaded").pipe(
+          Effect.annotateLogs({ version: next.version, models: next.catalog.models.length })
+        )),
+        Effect.andThen(warnPending),
+        Effect.as(true)
+      )
     })
     yield* reload.pipe(Effect.repeat(Schedule.spaced(every)), Effect.forkScoped)
     return LiveCatalog.of({ current: () => view, changes: SubscriptionRef.changes(ref), reload })

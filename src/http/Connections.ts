@@ -22,6 +22,8 @@ export interface ConnectionGuard {
   readonly pending: () => number
   /** Open connections counted against one client address. */
   readonly openFrom: (address: string) => number
+  /** Requests received and not yet answered (shutdown messages). */
+  readonly inFlight: () => number
 }
 
 /** How long a connection closing after its answer stays open for the answer to be read. */
@@ -144,6 +146,11 @@ export const guardConnections = (
       for (const socket of sockets) if (!inFlight.has(socket)) socket.destroy()
     },
     pending: () => pending.size,
-    openFrom: (address) => perAddress.get(address) ?? 0
+    openFrom: (address) => perAddress.get(address) ?? 0,
+    inFlight: () => {
+      let open = 0
+      for (const n of inFlight.values()) open += n
+      return open
+    }
   }
 }

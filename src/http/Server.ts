@@ -1,6 +1,13 @@
 import { NodeHttpServer, NodeHttpServerRequest } from "@effect/platform-node"
-import { ByteSize, Cause, Context, Deferred, Duration, Effect, Exit, Layer, Scope } from "effect"
-import { HttpIncomingMessage, HttpRouter, HttpServerError, HttpServerRequest, HttpServerResponse } from "effect/http"
+import { ByteSize, Cause, Context, Data, Deferred, Duration, Effect, Exit, Layer, Scope } from "effect"
+import {
+  HttpIncomingMessage,
+  HttpMiddleware,
+  HttpRouter,
+  HttpServerError,
+  HttpServerRequest,
+  HttpServerResponse
+} from "effect/http"
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import type { Duplex } from "node:stream"
@@ -8,18 +15,56 @@ import type { LimitsConfig, Listener, Origin } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
 import { fail } from "../errors/Catalog.js"
 import { inferenceBody } from "../errors/Render.js"
+import { TracingEnabled } from "../telemetry/Tracing.js"
 import { declaredOver } from "./Body.js"
 import * as CallbackFibers from "./CallbackFibers.js"
 import * as ClientAddress from "./ClientAddress.js"
 import { ANSWER_LINGER_MS, guardConnections } from "./Connections.js"
+import { Lifecycle } from "./Lifecycle.js"
 import { defectCode, newRequestId, REQUEST_ID_HEADER } from "./Respond.js"
 
 /**
  * Routes contributed by each domain, grouped by the origin that serves them: a layer of `HttpRouter.add(...)`
  * registrations per origin (`Layer.mergeAll` of them; `Layer.empty` for none). `R` is what the route layers
- * require: the router and the handlers' `HttpRouter.Request<"Requires" | "Error", …>` markers.
+ * require: the router and the handlers' `HttpRouter.Request<"Requires" | "Error", …>` markers. The `operator`
+ * origin (metrics) may be left out: a listener naming it then serves only the routes of every listener.
  */
-export type Routes<R> = Readonly<Record<Origin, Layer.Layer<never, never, R>>>
+export type Routes<R> =
+  & Readonly<Record<Exclude<Origin, "operator">, Layer.Layer<never, never, R>>>
+  & { readonly operator?: Layer.Layer<never, never, R> }
+
+/** A listener that could not be bound (port in use, address not available): one line for the operator. */
+export class ListenError extends Data.TaggedError("ListenError")<{ readonly message: string }> {}
+
+/** What to change when a listener cannot bind: the env variable and flag for the first listener, the file otherwise. */
+const listenHint = (index: number) =>
+  index === 0
+    ? "choose another port with WELLSPRING_PORT or --port (or listeners[0].port in the config file)"
+    : `choose another port in the config file (listeners[${index}].port)`
+
+const listenMessage = (listener: Listener, index: number, error: NodeJS.ErrnoException) => {
+  const where = `${listener.host}:${listener.port}`
+  switch (error.code) {
+    case "EADDRINUSE":
+      return `port ${listener.port} on ${listener.host} is already in use; ${listenHint(index)}`
+    case "EACCES":
+      return `not allowed to listen on ${where} (ports below 1024 need privileges); ${listenHint(index)}`
+    case "EADDRNOTAVAIL":
+    case "ENOTFOUND":
+      return `cannot listen on ${where}: no such local address; choose another host with WELLSPRING_HOST or --host`
+    default:
+      return `cannot listen on ${where}: ${error.message}`
+  }
+}
+
+/** Paths that are never traced (probes and scrapes would flood the traces). */
+const UNTRACED = new Set(["/healthz", "/readyz", "/metrics"])
+const untraced = (request: HttpServerRequest.HttpServerRequest) => UNTRACED.has(request.url.split("?", 1)[0]!)
+
+export interface LayerOptions<R> {
+  /** Routes served on every listener whatever its origins (the health probes). */
+  readonly everyListener?: Layer.Layer<never, never, R> | undefined
+}
 
 export interface Bound {
   readonly host: string
@@ -32,6 +77,8 @@ export class BoundListeners extends Context.Service<BoundListeners, {
   readonly listeners: ReadonlyArray<Bound>
   /** Stops accepting; open requests get the grace period, then sockets are destroyed. */
   readonly drain: Effect.Effect<void>
+  /** Draining state and open requests, as the routes see them. */
+  readonly lifecycle: Context.Service.Shape<typeof Lifecycle>
 }>()("wellspring/http/BoundListeners") {}
 
 const notFound = Effect.sync(() =>
@@ -46,8 +93,11 @@ const isRouteNotFound = (error: unknown): error is HttpServerError.HttpServerErr
   HttpServerError.isHttpServerError(error) && error.reason._tag === "RouteNotFound"
 
 /** The router of one listener (its origins' routes) with 404, defect → 500/503 and the request id header. */
-const appFor = <R>(origins: ReadonlyArray<Origin>, routes: Routes<R>) =>
-  Effect.map(HttpRouter.toHttpEffect(mergeRoutes(origins.map((o) => routes[o]))), (app) =>
+const appFor = <R>(origins: ReadonlyArray<Origin>, routes: Routes<R>, everyListener: Layer.Layer<never, never, R> | undefined) =>
+  Effect.map(HttpRouter.toHttpEffect(mergeRoutes([
+    ...origins.map((o) => routes[o] ?? (Layer.empty as Layer.Layer<never, never, R>)),
+    ...(everyListener ? [everyListener] : [])
+  ])), (app) =>
     app.pipe(
       Effect.catchIf(isRouteNotFound, () => notFound),
       Effect.catchCause((cause) =>
@@ -85,6 +135,8 @@ export const listRoutes = (routes: Routes<any>): Effect.Effect<ReadonlyArray<Reg
   Effect.scoped(Effect.gen(function*() {
     const found: Array<RegisteredRoute> = []
     for (const origin of Object.keys(routes) as Array<Origin>) {
+      const layer = routes[origin]
+      if (layer === undefined) continue
       const recorder = (prefix: string): HttpRouter.HttpRouter => ({
         prefixed: (more: string) => recorder(prefix + more),
         add: (method: string, path: string) => Effect.sync(() => void found.push({ origin, method, path: prefix + path })),
@@ -95,7 +147,7 @@ export const listRoutes = (routes: Routes<any>): Effect.Effect<ReadonlyArray<Reg
         addGlobalMiddleware: () => Effect.void,
         asHttpEffect: () => Effect.die("recording router")
       } as unknown as HttpRouter.HttpRouter)
-      yield* Layer.build(Layer.provide(routes[origin] as Layer.Layer<never>, Layer.succeed(HttpRouter.HttpRouter, recorder(""))))
+      yield* Layer.build(Layer.provide(layer as Layer.Layer<never>, Layer.succeed(HttpRouter.HttpRouter, recorder(""))))
     }
     return found
   }))
@@ -177,8 +229,8 @@ const answerClientErrors = (server: Http.Server) =>
   })
 
 const listen = (server: Http.Server, listener: Listener) =>
-  Effect.callback<number, Error>((resume) => {
-    const onError = (error: Error) => resume(Effect.fail(error))
+  Effect.callback<number, NodeJS.ErrnoException>((resume) => {
+    const onError = (error: NodeJS.ErrnoException) => resume(Effect.fail(error))
     server.once("error", onError)
     server.listen(listener.port, listener.host, () => {
       server.off("error", onError)
@@ -187,21 +239,31 @@ const listen = (server: Http.Server, listener: Listener) =>
   })
 
 /** What the route layers of `routes` require, all origins together. */
-type RoutesServices<Rs extends Routes<any>> = Layer.Services<Rs[Origin]>
+type RoutesServices<Rs extends Routes<any>> = Layer.Services<Exclude<Rs[Origin], undefined>>
 
-export const layer = <Rs extends Routes<any>>(routes: Rs) => Layer.effect(
+export const layer = <Rs extends Routes<any>, RE = never>(routes: Rs, options: LayerOptions<RE> = {}) => Layer.effect(
   BoundListeners,
   Effect.gen(function*() {
     const settings = yield* Settings
+    // Per-request spans only when an exporter is configured (telemetry/Tracing.ts).
+    const tracing = yield* TracingEnabled
     const grace = Duration.seconds(settings.config.shutdown_grace_seconds)
+    const delay = settings.config.shutdown_delay_seconds
     const runFork = Effect.runForkWith(yield* Effect.context<never>())
     const servers: Array<Http.Server> = []
     const closeIdle: Array<() => void> = []
     const bound: Array<Bound> = []
     let drained: Deferred.Deferred<void> | null = null
+    const guards: Array<{ readonly inFlight: () => number }> = []
+    const lifecycle = Lifecycle.of({
+      draining: () => drained !== null,
+      openRequests: () => guards.reduce((n, g) => n + g.inFlight(), 0)
+    })
     const drain = Effect.gen(function*() {
       if (drained) return yield* Deferred.await(drained)
       drained = yield* Deferred.make<void>()
+      // Not ready from here on; still serving during the delay, so a load balancer can stop sending first.
+      if (delay > 0) yield* Effect.sleep(Duration.seconds(delay))
       const closed = servers.map((server) =>
         Effect.callback<void>((resume) => {
           server.close(() => resume(Effect.void))
@@ -230,12 +292,19 @@ export const layer = <Rs extends Routes<any>>(routes: Rs) => Layer.effect(
     const callbackFibers = yield* CallbackFibers.make
     yield* Effect.addFinalizer((exit) => Effect.ensuring(drain, Scope.close(requests, exit.pipe(Exit.asVoid))))
     const addresses = ClientAddress.make(settings.config.trusted_proxies)
-    for (const listener of settings.config.listeners) {
-      // No per-request tracing spans: they cost 20-30% of the hot path and nothing exports them. The handler
-      // runs every request with the services captured here, so the setting holds for all of them.
-      const handler = yield* NodeHttpServer.makeHandler(yield* appFor(listener.origins, routes as Routes<RoutesServices<Rs>>), { scope: requests })
+    for (const [index, listener] of settings.config.listeners.entries()) {
+      // No per-request tracing spans unless an exporter is configured: they cost 20-30% of the hot path. The
+      // handler runs every request with the services captured here, so the setting holds for all of them.
+      const app = yield* appFor(
+        listener.origins,
+        routes as Routes<RoutesServices<Rs> | RE>,
+        options.everyListener as Layer.Layer<never, never, RoutesServices<Rs> | RE> | undefined
+      )
+      const handler = yield* NodeHttpServer.makeHandler(app, { scope: requests })
         .pipe(
-          Effect.withTracerEnabled(false),
+          Effect.withTracerEnabled(tracing),
+          Effect.provideService(HttpMiddleware.TracerDisabledWhen, untraced),
+          Effect.provideService(Lifecycle, lifecycle),
           Effect.provideService(CallbackFibers.CallbackFibers, callbackFibers),
           // Bodies are read through http/Body.ts; the platform's own readers get the same size bound all the same.
           Effect.provideService(HttpIncomingMessage.MaxBodySize, ByteSize.fromInputUnsafe(settings.config.limits.body_bytes))
@@ -246,13 +315,13 @@ export const layer = <Rs extends Routes<any>>(routes: Rs) => Layer.effect(
       refuseOversizedContinue(server, limits.body_bytes)
       answerClientErrors(server)
       const port = yield* listen(server, listener).pipe(
-        Effect.mapError((error) => new Error(`cannot listen on ${listener.host}:${listener.port}: ${error.message}`)),
-        Effect.orDie
+        Effect.mapError((error) => new ListenError({ message: listenMessage(listener, index, error) }))
       )
       servers.push(server)
+      guards.push(guard)
       closeIdle.push(guard.drain)
       bound.push({ host: listener.host, port, origins: listener.origins })
     }
-    return BoundListeners.of({ listeners: bound, drain })
+    return BoundListeners.of({ listeners: bound, drain, lifecycle })
   })
 )

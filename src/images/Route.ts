@@ -20,13 +20,14 @@ import { exchangeRoute } from "../inference/Exchange.js"
 import { ImageGallery, type ImageJob, ImagePresets, ImageQueue, ImageSlots } from "./Contracts.js"
 import { blockedCategory } from "./Policy.js"
 import { decodeImageRequest, IMAGE_BODY_BYTES, MAX_SEED } from "./Request.js"
+import { IMAGE_MODEL } from "../telemetry/Telemetry.js"
 import { LiveImages } from "./LiveConfig.js"
 import { resolveSettings } from "./Settings.js"
 import { isPng, zipImage } from "./Zip.js"
 
 export const IMAGE_PATH = "/v1/images/nai/generate-image"
 /** The `model_id` of every image request row (the body's `model` is ignored, so it is not recorded either). */
-export const IMAGE_MODEL_ID = "nai-image"
+export const IMAGE_MODEL_ID = IMAGE_MODEL
 
 /** `img_` + 24 hex. */
 export const newJobId = (): string => `img_${Crypto.randomBytes(12).toString("hex")}`
@@ -43,7 +44,7 @@ export const generateImage = HttpRouter.add(
     const presets = yield* ImagePresets
     const gallery = yield* ImageGallery
 
-    return yield* exchangeRoute({ render: renderImage, modelId: IMAGE_MODEL_ID }, (exchange, request) =>
+    return yield* exchangeRoute({ render: renderImage, modelId: IMAGE_MODEL_ID, operation: "image_generation" }, (exchange, request) =>
       Effect.gen(function*() {
         const images = live.current()
         const account = exchange.caller.account

@@ -55,7 +55,7 @@ export const embeddings = HttpRouter.add(
     const settings = yield* Settings
     const admission = yield* Admission
     const upstreams = yield* Upstreams
-    return yield* exchangeRoute({ render: renderInference }, (exchange, request) => {
+    return yield* exchangeRoute({ render: renderInference, operation: "embeddings" }, (exchange, request) => {
       const caller = exchange.caller
       /** One call; the exchange completes with its usage. */
       const embed = (

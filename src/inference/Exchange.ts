@@ -5,7 +5,7 @@
  * its slot and records the request row. State changes only through its methods; whoever completes first wins,
  * later completions are no-ops.
  */
-import { Cause, Clock, type Context, Effect, Exit, Scope } from "effect"
+import { Cause, Clock, type Context, Effect, Exit, Option, Scope, type Tracer } from "effect"
 import { HttpServerRequest, HttpServerResponse } from "effect/http"
 import { Auth, type Caller } from "../auth/Auth.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
@@ -15,6 +15,7 @@ import { currentRequestId, defectCode, handle, headersOf } from "../http/Respond
 import type { Admission, AdmitInput, Standing, Ticket } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
 import { type Completion, requestRow, type RowSource, tokensPerSecond } from "../telemetry/RequestRow.js"
+import { CurrentTelemetry, type Operation, type Series, type Telemetry } from "../telemetry/Telemetry.js"
 import type { Usage } from "../upstream/Upstream.js"
 import { UNKNOWN_MODEL_ID } from "./JsonGuard.js"
 import { isUpstreamFailure } from "./UpstreamErrors.js"
@@ -53,6 +54,10 @@ export class Exchange implements RowSource {
   #endedAt = 0
   #counted: Usage | null = null
   #weighted = 0
+  /** The metrics series counting this request in flight (admitted, not yet completed or fallen back). */
+  #inFlight: Series | null = null
+  /** The upstream call's span (tracing on only). */
+  #upstreamSpan: Tracer.Span | null = null
 
   private constructor(
     readonly caller: Caller,
@@ -61,20 +66,26 @@ export class Exchange implements RowSource {
     readonly createdAt: Date,
     /** Owns the admission ticket (its slot); closed by the completion. */
     readonly scope: Scope.Closeable,
-    private readonly log: Log
+    private readonly log: Log,
+    private readonly telemetry: Telemetry,
+    readonly operation: Operation,
+    /** The request's server span, parent of the spans made outside its fiber (tracing on only). */
+    private readonly traceParent: Tracer.AnySpan | undefined
   ) {}
 
   /**
    * Opens the exchange of an authenticated request: allocates its row id and registers, on the request's
    * scope (which closes after the response is written), the backstop that completes it as cancelled.
    */
-  static open(caller: Caller, log: Log): Effect.Effect<Exchange, never, Scope.Scope> {
+  static open(caller: Caller, log: Log, operation: Operation = "chat"): Effect.Effect<Exchange, never, Scope.Scope> {
     return Effect.gen(function*() {
       const rowId = yield* log.nextId
       const requestId = yield* currentRequestId
       const now = yield* Clock.currentTimeMillis
       const scope = yield* Scope.make()
-      const exchange = new Exchange(caller, rowId, requestId, new Date(now), scope, log)
+      const telemetry = yield* CurrentTelemetry
+      const parent = telemetry.tracing ? Option.getOrUndefined(yield* Effect.option(Effect.currentParentSpan)) : undefined
+      const exchange = new Exchange(caller, rowId, requestId, new Date(now), scope, log, telemetry, operation, parent)
       yield* Effect.addFinalizer(() => exchange.cancel())
       return exchange
     })
@@ -168,6 +179,11 @@ export class Exchange implements RowSource {
    */
   fallBack(modelId: string): Effect.Effect<void> {
     return Effect.suspend(() => {
+      this.#release()
+      if (this.#upstreamSpan !== null) {
+        this.telemetry.endSpan(this.#upstreamSpan, "fell_back")
+        this.#upstreamSpan = null
+      }
       this.#fellBack = true
       this.#modelId = modelId
       this.#dispatchedAt = null
@@ -191,6 +207,15 @@ export class Exchange implements RowSource {
 
   markDispatched(): void {
     this.#dispatchedAt = performance.now()
+    if (this.telemetry.tracing) {
+      this.#upstreamSpan = this.telemetry.startSpan(`${this.operation} ${this.#modelId}`, this.traceParent, "client", {
+        "gen_ai.operation.name": this.operation,
+        "gen_ai.provider.name": this.#provider ?? "none",
+        "gen_ai.request.model": this.#modelId,
+        "wellspring.byok": this.#byok,
+        "wellspring.request_row": this.rowId
+      })
+    }
   }
 
   markFirstByte(): void {
@@ -231,7 +256,41 @@ export class Exchange implements RowSource {
 
   /** Reserves through admission; the ticket (and its slot) lives in this exchange's scope. */
   admit(admission: Context.Service.Shape<typeof Admission>, input: AdmitInput): Effect.Effect<Ticket, GatewayError> {
-    return Effect.map(Scope.provide(admission.admit(input), this.scope), (ticket) => (this.#ticket = ticket))
+    const telemetry = this.telemetry
+    if (!telemetry.enabled) {
+      return Effect.map(Scope.provide(admission.admit(input), this.scope), (ticket) => (this.#ticket = ticket))
+    }
+    const started = performance.now()
+    const admitted = Scope.provide(admission.admit(input), this.scope).pipe(
+      Effect.map((ticket) => {
+        this.#ticket = ticket
+        const series = telemetry.series(this.operation, this.#modelLabel())
+        telemetry.admitted(series, performance.now() - started)
+        this.#inFlight = series
+        return ticket
+      }),
+      Effect.tapError((error) =>
+        Effect.sync(() =>
+          telemetry.rejected(telemetry.series(this.operation, this.#modelLabel()), error.code, performance.now() - started)
+        )
+      )
+    )
+    return telemetry.span(admitted, "wellspring.admission", {
+      "gen_ai.request.model": this.#modelId,
+      "wellspring.byok": input.byok
+    })
+  }
+
+  /** The bounded model label of the metrics (telemetry/Telemetry.ts). */
+  #modelLabel(): string {
+    return this.telemetry.modelLabel(this.#modelId, this.#byok && !this.#fellBack)
+  }
+
+  /** No longer in flight (completed, or fallen back before its new admission). */
+  #release(): void {
+    if (this.#inFlight === null) return
+    this.telemetry.released(this.#inFlight)
+    this.#inFlight = null
   }
 
   // ----- the one completion
@@ -263,9 +322,12 @@ export class Exchange implements RowSource {
       const ticket = this.#ticket
       const settle: Effect.Effect<Settled> = ticket === null
         ? Effect.succeed(null)
-        : delivered
-        ? ticket.settle({ inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens })
-        : Effect.as(ticket.refund, null)
+        : this.#timed(
+          delivered ? "settle" : "refund",
+          delivered
+            ? ticket.settle({ inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens })
+            : Effect.as(ticket.refund, null)
+        )
       const error = completion.status === "failed" ? completion.error : undefined
       // The row's `error` is shown to the account (`recentRequests`): a server-side failure records its code and
       // status only; its detail (upstream answer text, addresses) goes to the log, as `detail` is meant to.
@@ -280,11 +342,61 @@ export class Exchange implements RowSource {
           this.#counted = delivered ? usage : null
           this.#weighted = settled?.weighted ?? 0
           this.log.record(requestRow(this, completion, detailIsPrivate))
+          if (this.telemetry.enabled) this.#report(completion, settled)
           return settled
         }),
         Effect.ensuring(Scope.close(this.scope, Exit.void))
       )
     })
+  }
+
+  /** Settle or refund, timed for the quota-store metric and traced. */
+  #timed(operation: "settle" | "refund", effect: Effect.Effect<Settled>): Effect.Effect<Settled> {
+    const telemetry = this.telemetry
+    if (!telemetry.enabled) return effect
+    const timed = Effect.suspend(() => {
+      const started = performance.now()
+      return Effect.map(effect, (settled) => {
+        telemetry.storeTrip(operation, performance.now() - started)
+        return settled
+      })
+    })
+    return telemetry.span(timed, "wellspring.settle", { "wellspring.operation": operation }, this.traceParent)
+  }
+
+  /** Metrics and the upstream span of the completion. */
+  #report(completion: Completion, settled: Settled): void {
+    const telemetry = this.telemetry
+    const series = this.#inFlight ?? telemetry.series(this.operation, this.#modelLabel())
+    this.#release()
+    const counted = this.#counted
+    const first = this.#firstEventAt
+    const code = completion.status === "failed" ? completion.error.code : undefined
+    const pooled = !(this.#byok && !this.#fellBack)
+    telemetry.completed(series, {
+      status: completion.status,
+      code,
+      provider: this.#provider,
+      stream: this.#stream,
+      durationMs: this.#endedAt - this.startedAt,
+      firstEventMs: first === null ? null : first - this.startedAt,
+      generationMs: first === null ? null : this.#endedAt - first,
+      usage: counted,
+      remainingPct: settled !== null && pooled
+        ? { session: settled.standing.session.remaining_pct, weekly: settled.standing.weekly.remaining_pct }
+        : null
+    })
+    const span = this.#upstreamSpan
+    if (span !== null) {
+      this.#upstreamSpan = null
+      if (counted !== null) {
+        span.attribute("gen_ai.usage.input_tokens", counted.prompt_tokens)
+        span.attribute("gen_ai.usage.output_tokens", counted.completion_tokens)
+      }
+      span.attribute("wellspring.status", completion.status)
+      if (code !== undefined) span.attribute("error.type", code)
+      telemetry.endSpan(span, code ?? (completion.status === "cancelled" ? "cancelled" : undefined))
+    }
   }
 }
 
@@ -327,6 +439,8 @@ export interface ExchangeRouteOptions {
   readonly render: Renderer
   /** The row's model id from the start (a route with one fixed id); otherwise the route records it when known. */
   readonly modelId?: string
+  /** What metrics and spans call the request (default `chat`). */
+  readonly operation?: Operation
 }
 
 /**
@@ -352,7 +466,7 @@ export const exchangeRoute = <R>(
       Effect.gen(function*() {
         const caller = yield* auth.bearer(request)
         yield* guardFailures(caller)
-        const exchange = yield* Exchange.open(caller, log)
+        const exchange = yield* Exchange.open(caller, log, options.operation)
         if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
         return yield* finishing(
           exchange,

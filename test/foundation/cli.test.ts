@@ -151,6 +151,8 @@ describe.skipIf(!postgres)("CLI on PostgreSQL with a running gateway", () => {
     expect(r.code, r.stderr).toBe(0)
     const id = r.stdout.trim()
     expect(id).toMatch(/^acc_[0-9a-f]{20}$/)
+    // Which database it wrote to, without credentials.
+    expect(r.stderr).toBe(`wellspring-cli: database: PostgreSQL at 127.0.0.1:5432/${db.name}\n`)
     const { rows } = await admin.query("SELECT * FROM accounts WHERE id = $1", [id])
     expect(rows[0]).toMatchObject({
       username: "alice",
@@ -271,10 +273,23 @@ describe.skipIf(!postgres)("CLI on PostgreSQL with a running gateway", () => {
 })
 
 describe("CLI in embedded mode", () => {
+  it("refuses to create a new embedded database unless asked (--create), and names the database it used", async () => {
+    const dataDir = Path.join(tmp, "typo")
+    const refused = await spawned(["key:list", "--username", "dev", "--data-dir", dataDir])
+    expectUsageError(refused, /no embedded database in .*typo; .*--create/)
+    expect(refused.stderr.trim().split("\n")[0]).toContain(dataDir)
+    // Nothing was made in its place.
+    expect(Fs.existsSync(dataDir)).toBe(false)
+  })
+
   it("opens the data folder itself when no gateway runs, and leaves no lock behind", async () => {
     const dataDir = Path.join(tmp, "embedded")
-    const created = await spawned(["account:create", "--username", "solo", "--display-name", "Solo", "--data-dir", dataDir])
+    const created = await spawned(["account:create", "--username", "solo", "--display-name", "Solo", "--data-dir", dataDir, "--create"])
     expect(created.code, created.stderr).toBe(0)
+    expect(created.stderr).toBe(`wellspring-cli: database: embedded database in ${dataDir}\n`)
+    // A command that fails after opening it says which database it looked in.
+    const unknown = await inProcess(["key:list", "--username", "nobody", "--data-dir", dataDir])
+    expectUsageError(unknown, /no account with username "nobody" \(embedded database in .*embedded\)/)
     const key = keyOf(await inProcess(["key:create", "--username", "solo"], { WELLSPRING_DATA_DIR: dataDir }))
     const listed = await inProcess(["key:list", "--username", "solo", "--data-dir", dataDir])
     expect(listed.stdout).toContain(key.slice(0, 16))
@@ -288,7 +303,9 @@ describe("CLI in embedded mode", () => {
     const gw = await startGateway()
     try {
       const flags = ["--config", gw.configPath, "--data-dir", Path.join(gw.dir, "data")]
-      const key = keyOf(await spawned(["key:create", "--username", "dev", "--label", "cli", ...flags]))
+      const issued = await spawned(["key:create", "--username", "dev", "--label", "cli", ...flags])
+      expect(issued.stderr).toMatch(/^wellspring-cli: database: embedded database in .* \(through the running gateway, process \d+\)$/m)
+      const key = keyOf(issued)
       expect(await status(gw, key)).toBe(200)
       const listed = await inProcess(["key:list", "--username", "dev", ...flags])
       expect(listed.stdout).toContain(key.slice(0, 16))
