@@ -20,6 +20,7 @@
  * fiber at once.
  */
 import { Clock, type Context, Effect, type Scope } from "effect"
+import { CurrentTelemetry } from "../telemetry/Telemetry.js"
 import { GatewayError } from "../errors/Catalog.js"
 import { startTimer, stopTimer } from "../runtime/Timers.js"
 import type { ImagesConfig } from "./Config.js"
@@ -60,6 +61,8 @@ interface Entry {
   losses: number
   /** When it was cancelled on its worker: dropped after `max_wait_seconds` if the worker never reports. */
   cancelledAt: number
+  /** When it was submitted (its wait for a worker is measured from here). */
+  readonly queuedAt: number
   /** Resumes the waiting `run`; null once nobody waits. */
   resume: ((outcome: JobOutcome) => void) | null
 }
@@ -83,6 +86,7 @@ export const makeMemory = (options: QueueOptions): Effect.Effect<ImageQueues, ne
   Effect.gen(function*() {
     const clock = yield* Clock.Clock
     const now = () => clock.currentTimeMillisUnsafe()
+    const telemetry = yield* CurrentTelemetry
     const { config } = options
     const jobs = new Map<string, Entry>()
     /** Accounts with jobs waiting, in round-robin order; each with its line. */
@@ -130,6 +134,7 @@ export const makeMemory = (options: QueueOptions): Effect.Effect<ImageQueues, ne
       entry.state = "held"
       entry.worker = w
       w.held.add(entry)
+      telemetry.imageWait((now() - entry.queuedAt) / 1000)
       return entry
     }
 
@@ -223,6 +228,7 @@ export const makeMemory = (options: QueueOptions): Effect.Effect<ImageQueues, ne
             worker: null,
             losses: 0,
             cancelledAt: 0,
+            queuedAt: now(),
             resume: (outcome) => resume(Effect.succeed(outcome))
           }
           jobs.set(job.id, entry)

@@ -27,6 +27,7 @@ import { Clock, Deferred, Effect, Exit, type Scope } from "effect"
 import type { Redis } from "ioredis"
 import type { GatewayError } from "../errors/Catalog.js"
 import { command, within } from "../store/Redis.js"
+import { CurrentTelemetry } from "../telemetry/Telemetry.js"
 import { startTimer, stopTimer } from "../runtime/Timers.js"
 import type { ImagesConfig } from "./Config.js"
 import { type ImageJob, ImageQueue, ImageWork, type JobOutcome, type JobSpec, type WorkerInfo } from "./Contracts.js"
@@ -277,10 +278,14 @@ interface Taker {
  * Builds both services on `client` in the current scope: a subscriber connection (a duplicate of `client`) and the
  * tick fiber live in it.
  */
+/** The field of a stored spec that carries its submit time. */
+const QUEUED_AT = "_queued_at"
+
 export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Effect<ImageQueues, never, Scope.Scope> =>
   Effect.gen(function*() {
     const redis = defineScripts(client)
     const clock = yield* Clock.Clock
+    const telemetry = yield* CurrentTelemetry
     const runFork = Effect.runForkWith(yield* Effect.context<never>())
     const P = options.keyPrefix
     const { config } = options
@@ -392,7 +397,8 @@ export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Eff
               cfg.congestion_threshold,
               job.id,
               job.accountId,
-              JSON.stringify(job.spec),
+              // The submit time rides with the spec (stripped at take) so any replica can measure the wait.
+              JSON.stringify({ ...job.spec, [QUEUED_AT]: clock.currentTimeMillisUnsafe() }),
               ownerLeaseMs,
               JOB_TTL_MS
             )).pipe(
@@ -433,7 +439,9 @@ export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Eff
         Effect.flatMap((reply) => {
           if (reply === null) return Effect.succeed(null)
           try {
-            return Effect.succeed({ id: reply[0], accountId: reply[1], spec: JSON.parse(reply[2]) as JobSpec })
+            const { [QUEUED_AT]: queuedAt, ...spec } = JSON.parse(reply[2]) as JobSpec & { readonly [QUEUED_AT]?: number }
+            if (typeof queuedAt === "number") telemetry.imageWait(Math.max(0, clock.currentTimeMillisUnsafe() - queuedAt) / 1000)
+            return Effect.succeed({ id: reply[0], accountId: reply[1], spec: spec as JobSpec })
           } catch {
             // a record this code did not write: the job fails instead of staying held
             return Effect.as(report(workerId, reply[0], "f", "unreadable job record"), null)

@@ -15,6 +15,7 @@ import { unzipSync } from "fflate"
 import * as Crypto from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
+import { BoundListeners } from "../../src/http/Server.js"
 import { ImageQueue, ImageSlots } from "../../src/images/Contracts.js"
 import { LiveImages } from "../../src/images/LiveConfig.js"
 import { WorkerTokens } from "../../src/images/WorkerTokens.js"
@@ -24,6 +25,7 @@ import { eventually } from "../support/Eventually.js"
 import { type ConfigDoc, startGateway, type TestGateway } from "../support/Gateway.js"
 import { deleteByPrefix, uniquePrefix } from "../support/Redis.js"
 import { REDIS_URL, serviceGate } from "../support/Services.js"
+import { histograms, parseExposition } from "../support/Exposition.js"
 import { startFakeComfyUi } from "./FakeComfyUi.js"
 import { ihdrSize, makePng } from "./png.js"
 
@@ -154,7 +156,13 @@ for (const backend of [embedded(), production()]) {
     describe("with the simulated worker", () => {
       let gw: TestGateway
       beforeAll(async () => {
-        gw = await backend.start(imagesConfig({ simulated: { enabled: true, latency_ms: 300, concurrency: 4 } }))
+        gw = await backend.start((doc) => {
+          imagesConfig({ simulated: { enabled: true, latency_ms: 300, concurrency: 4 } })(doc)
+          doc.listeners = [
+            { host: "127.0.0.1", port: 8080, origins: ["inference", "account", "status"] },
+            { host: "127.0.0.1", port: 0, origins: ["operator"] }
+          ]
+        })
       })
       afterAll(() => gw?.stop())
 
@@ -177,6 +185,22 @@ for (const backend of [embedded(), production()]) {
         expect(Buffer.from(await own.arrayBuffer()).equals(Buffer.from(png))).toBe(true)
         const theirs = await fetch(`${gw.url}/api/user/me/images/${images[0]!.id}`, { headers: { authorization: `Bearer ${other.key}` } })
         expect(theirs.status).toBe(404)
+      })
+
+      it("image requests show in /metrics: requests, queue wait, workers online", async () => {
+        const me = await newMember(gw)
+        await pngOf(await generate(gw, me.key, { input: "metered" }))
+        const { listeners } = await gw.run(BoundListeners)
+        const operator = listeners.find((l) => l.origins.includes("operator"))!
+        const families = parseExposition(await (await fetch(`http://127.0.0.1:${operator.port}/metrics`)).text())
+        const requests = families.get("wellspring_requests_total")!.samples.filter((x) =>
+          x.labels.operation === "image_generation" && x.labels.status === "success"
+        )
+        expect(requests.map((x) => x.labels.model)).toEqual(["nai-image"])
+        expect(requests[0]!.value).toBeGreaterThanOrEqual(1)
+        const wait = histograms(families.get("wellspring_image_queue_wait_seconds")!)
+        expect(wait[0]!.count).toBeGreaterThanOrEqual(1)
+        expect(families.get("wellspring_image_workers_online")!.samples[0]!.value).toBeGreaterThanOrEqual(1)
       })
 
       it("holds two pending requests per account; a third at the same time gets 429", async () => {
