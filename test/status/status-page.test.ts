@@ -47,10 +47,13 @@ describe.skipIf(!hasChromium)(`status page in ${CHROMIUM} (skipped when it is no
       }
     })
     const env = { WELLSPRING_CONFIG: gw.configPath, WELLSPRING_DATA_DIR: Path.join(gw.dir, "data") }
-    const io = { out: () => {}, err: (s: string) => problems.push(s) }
-    await runCli(["incident:create", "--title", "대시보드 접속 지연", "--message", "원인을 조사하고 있습니다."], io, env)
-    await runCli(["incident:create", "--title", "ws-reasoner 응답 오류", "--message", "업스트림 오류를 확인했습니다."], io, env)
-    await runCli(["incident:resolve", "--id", "2", "--message", "모든 요청이 정상 처리되고 있습니다."], io, env)
+    // The CLI names its database on stderr; a failure is its exit code.
+    let cliErr = ""
+    const io = { out: () => {}, err: (s: string) => void (cliErr += s) }
+    const cli = async (args: Array<string>) => expect(await runCli(args, io, env), cliErr).toBe(0)
+    await cli(["incident:create", "--title", "대시보드 접속 지연", "--message", "원인을 조사하고 있습니다."])
+    await cli(["incident:create", "--title", "ws-reasoner 응답 오류", "--message", "업스트림 오류를 확인했습니다."])
+    await cli(["incident:resolve", "--id", "2", "--message", "모든 요청이 정상 처리되고 있습니다."])
     browser = await chromium.launch({
       executablePath: CHROMIUM,
       args: [
