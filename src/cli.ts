@@ -628,19 +628,23 @@ export const run = async (
   let config: GatewayConfig
   let layer: ReturnType<typeof storage>["layer"]
   let owner: EmbeddedLock.EmbeddedOwner | null
+  let creating = false
   try {
     const loaded = loadConfig({
       env: processEnv,
       flags: { configPath: text(flags, "config"), dataDir: text(flags, "data-dir"), databaseUrl: text(flags, "database-url") }
     })
     config = loaded.config
-    ;({ layer, owner } = storage(config, loaded.path, flags.create === true))
+    // `account:create` bootstraps a deployment: it may make the database (and says so); other commands need
+    // `--create` for that.
+    creating = !config.database_url && !embeddedExists(config.data_dir) && (flags.create === true || command === "account:create")
+    ;({ layer, owner } = storage(config, loaded.path, creating))
   } catch (error) {
     if (error instanceof ConfigLoadError || error instanceof UsageError) return fatal(error.message, 2)
     if (error instanceof CliFailure) return fatal(error.message, 1)
     return fatal(`cannot start: ${(error as Error).message}`, 1)
   }
-  const database = describeDatabase(config, owner)
+  const database = describeDatabase(config, owner) + (creating ? " (new: created by this command)" : "")
   /** Every outcome names the database (once: a connection failure already does). */
   const naming = (message: string) => message.includes(database) || message.includes("PostgreSQL at") ? message : `${message} (${database})`
   const env: CommandEnv = {
