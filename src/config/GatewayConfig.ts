@@ -195,7 +195,7 @@ export const LimitsConfig = Schema.Struct({
    */
   pending_connections: PositiveInt.pipe(withDefault(() => 256)),
   /** Open connections from one client address (trusted proxies exempt); past it new ones are closed on accept. */
-  connections_per_address: PositiveInt.pipe(withDefault(() => 64)),
+  connections_per_address: PositiveInt.pipe(withDefault(() => 512)),
   /** A new connection that sends no byte within this time is closed without an answer. */
   first_byte_timeout_seconds: PositiveInt.pipe(withDefault(() => 5)),
   /** Failed authentications (401) per client address per minute; past it 429 before any lookup. */
