@@ -22,9 +22,9 @@
 import { Clock, type Context, Effect, type Scope } from "effect"
 import { CurrentTelemetry } from "../telemetry/Telemetry.js"
 import { GatewayError } from "../errors/Catalog.js"
-import { startTimer, stopTimer } from "../runtime/Timers.js"
 import type { ImagesConfig } from "./Config.js"
 import { type ImageJob, ImageQueue, ImageWork, type JobOutcome, type WorkerInfo } from "./Contracts.js"
+import { makeTakers } from "./Takers.js"
 
 export const noWorker = () => new GatewayError({ code: "image_no_worker" })
 export const congested = () => new GatewayError({ code: "image_congested" })
@@ -75,11 +75,6 @@ interface Worker {
   readonly held: Set<Entry>
 }
 
-interface Taker {
-  /** Resumes the take: true when woken for a job, false when its time ran out. */
-  resume: (woken: boolean) => void
-  woken: boolean
-}
 
 /** Builds both services in the current scope (the sweep fiber lives in it). */
 export const makeMemory = (options: QueueOptions): Effect.Effect<ImageQueues, never, Scope.Scope> =>
@@ -94,7 +89,9 @@ export const makeMemory = (options: QueueOptions): Effect.Effect<ImageQueues, ne
     let queued = 0
     const workers = new Map<string, Worker>()
     /** Takes waiting for a job, oldest first. */
-    const takers = new Set<Taker>()
+    const takers = makeTakers(clock)
+    const wakeOne = takers.wakeOne
+    const waitForJob = takers.wait
 
     const alive = (w: Worker, t: number, hbMs: number) => w.polling > 0 || t - w.lastSeen < hbMs
 
@@ -138,14 +135,6 @@ export const makeMemory = (options: QueueOptions): Effect.Effect<ImageQueues, ne
       return entry
     }
 
-    const wakeOne = () => {
-      for (const taker of takers) {
-        takers.delete(taker)
-        taker.woken = true
-        taker.resume(true)
-        return
-      }
-    }
 
     /** Forgets a job; the worker holding it (if any) no longer does. */
     const drop = (entry: Entry) => {
@@ -238,22 +227,6 @@ export const makeMemory = (options: QueueOptions): Effect.Effect<ImageQueues, ne
         })
       })
 
-    /** Waits at most `ms` for a wake-up; the take then tries again. */
-    const waitForJob = (ms: number, taker: Taker) =>
-      Effect.callback<boolean>((resume) => {
-        const timer = startTimer(clock, ms, () => {
-          if (takers.delete(taker)) resume(Effect.succeed(false))
-        }, true)
-        taker.resume = (woken) => {
-          stopTimer(timer)
-          resume(Effect.succeed(woken))
-        }
-        takers.add(taker)
-        return Effect.sync(() => {
-          stopTimer(timer)
-          takers.delete(taker)
-        })
-      })
 
     const take = (info: WorkerInfo, waitMs: number): Effect.Effect<ImageJob | null> =>
       // Only the wait is interruptible: a job is handed over in the same step as it is taken.
@@ -266,7 +239,7 @@ export const makeMemory = (options: QueueOptions): Effect.Effect<ImageQueues, ne
             if (entry !== undefined) return Effect.succeed(entry.job)
             const left = deadline - now()
             if (left <= 0) return Effect.succeed(null)
-            const taker: Taker = { resume: () => {}, woken: false }
+            const taker = takers.make()
             w.polling++
             return restore(waitForJob(left, taker)).pipe(
               // woken for a job but interrupted before taking it: let another take have it

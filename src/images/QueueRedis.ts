@@ -28,7 +28,6 @@ import type { Redis } from "ioredis"
 import type { GatewayError } from "../errors/Catalog.js"
 import { command, within } from "../store/Redis.js"
 import { CurrentTelemetry } from "../telemetry/Telemetry.js"
-import { startTimer, stopTimer } from "../runtime/Timers.js"
 import type { ImagesConfig } from "./Config.js"
 import { type ImageJob, ImageQueue, ImageWork, type JobOutcome, type JobSpec, type WorkerInfo } from "./Contracts.js"
 import {
@@ -42,6 +41,7 @@ import {
   SWEEP_MS
 } from "./Queue.js"
 import { NOW } from "./SlotsRedis.js"
+import { makeTakers } from "./Takers.js"
 
 /** What a request learns when its job's record vanished from Redis. */
 export const JOB_LOST = "the job's record was lost"
@@ -269,10 +269,6 @@ export interface RedisQueueOptions {
   readonly time?: "redis" | "clock" | undefined
 }
 
-interface Taker {
-  resume: (woken: boolean) => void
-  woken: boolean
-}
 
 /**
  * Builds both services on `client` in the current scope: a subscriber connection (a duplicate of `client`) and the
@@ -301,16 +297,10 @@ export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Eff
     const submitted = new Set<string>()
     /** Results being read (a job announced twice is read once). */
     const reading = new Set<string>()
-    const takers = new Set<Taker>()
+    const takers = makeTakers(clock)
+    const wakeOne = takers.wakeOne
+    const waitForJob = takers.wait
 
-    const wakeOne = () => {
-      for (const taker of takers) {
-        takers.delete(taker)
-        taker.woken = true
-        taker.resume(true)
-        return
-      }
-    }
 
     const logged = (what: string) => (error: GatewayError) => Effect.logWarning(`image queue: ${what} failed`, error.detail)
 
@@ -450,21 +440,6 @@ export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Eff
         Effect.catch((error) => Effect.as(logged("take")(error), null))
       )
 
-    const waitForJob = (ms: number, taker: Taker) =>
-      Effect.callback<boolean>((resume) => {
-        const timer = startTimer(clock, ms, () => {
-          if (takers.delete(taker)) resume(Effect.succeed(false))
-        }, true)
-        taker.resume = (woken) => {
-          stopTimer(timer)
-          resume(Effect.succeed(woken))
-        }
-        takers.add(taker)
-        return Effect.sync(() => {
-          stopTimer(timer)
-          takers.delete(taker)
-        })
-      })
 
     const take = (info: WorkerInfo, waitMs: number): Effect.Effect<ImageJob | null> =>
       // The take script is not interruptible (a job it hands over must reach the caller); the wait is.
@@ -476,7 +451,7 @@ export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Eff
             return Effect.flatMap(takeOnce(info.id, left), (job) => {
               const rest = deadline - clock.currentTimeMillisUnsafe()
               if (job !== null || rest <= 0) return Effect.succeed(job)
-              const taker: Taker = { resume: () => {}, woken: false }
+              const taker = takers.make()
               return restore(waitForJob(Math.min(rest, pollMs()), taker)).pipe(
                 Effect.onInterrupt(() =>
                   Effect.suspend(() => {
