@@ -176,6 +176,10 @@ export const make = Effect.gen(function*() {
         Effect.flatMap(activeTokens.pipe(Effect.provideService(SqlClient.SqlClient, sql)), (rows) =>
           Effect.suspend(() => {
             reloads++
+            // A token gone from the table was revoked without an announcement reaching us (the embedded CLI):
+            // what waits on it learns now.
+            const active = new Set(rows.map((row) => row.token_hash))
+            for (const entry of entries) if (!active.has(entry.credential.hash)) forgetRevoked(entry.credential.hash)
             entries = rows
               .slice(0, MAX_ACTIVE_TOKENS)
               .filter((row) => !revokedHashes.has(row.token_hash))
@@ -225,7 +229,20 @@ export const make = Effect.gen(function*() {
     )
   }
 
+  /** Announced revocations wake at once; others are found by reading the table once per `SNAPSHOT_TTL_MS`. */
   const revoked = (credential: WorkerCredential): Effect.Effect<void> =>
+    Effect.raceFirst(announcedRevocation(credential), unannouncedRevocation(credential))
+
+  const unannouncedRevocation = (credential: WorkerCredential): Effect.Effect<void> =>
+    Effect.sleep(SNAPSHOT_TTL_MS).pipe(
+      Effect.andThen(Clock.currentTimeMillis),
+      Effect.flatMap((now) => reload(now - SNAPSHOT_TTL_MS)),
+      Effect.andThen(Effect.sync(() => revokedHashes.has(credential.hash))),
+      Effect.repeat({ until: (gone) => gone }),
+      Effect.asVoid
+    )
+
+  const announcedRevocation = (credential: WorkerCredential): Effect.Effect<void> =>
     Effect.callback<void>((resume) => {
       if (revokedHashes.has(credential.hash)) return resume(Effect.void)
       const wake = () => resume(Effect.void)

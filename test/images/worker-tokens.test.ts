@@ -106,6 +106,20 @@ describe("on the embedded store", () => {
     expect(await tokens(gw, (t) => t.reloads)).toBe(beforeMalformed)
   })
 
+  it("a waiting poll ends when its token is revoked without an announcement (the embedded CLI writes the row only)", async () => {
+    const { token, row } = await tokens(gw, (t) => t.issue("silent-revoke"))
+    const credential = (await tokens(gw, (t) => t.verify(token)))!
+    let ended = false
+    const waiting = tokens(gw, (t) => t.revoked(credential)).then(() => (ended = true))
+    await gw.run(Effect.flatMap(SqlClient.SqlClient, (sql) =>
+      sql`UPDATE image_worker_tokens SET revoked_at = now() WHERE id = ${row.id}`))
+    const started = Date.now()
+    await eventually(() => ended, { timeoutMs: 3 * SNAPSHOT_TTL_MS })
+    await waiting
+    expect(Date.now() - started).toBeLessThanOrEqual(2 * SNAPSHOT_TTL_MS + 1000)
+    expect(await heartbeat(gw, token)).toBe(401)
+  })
+
   it("the worker API accepts the token over HTTP and refuses it once revoked", async () => {
     const { token, row } = await tokens(gw, (t) => t.issue("http"))
     expect(await heartbeat(gw, token)).toBe(204)
