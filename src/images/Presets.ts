@@ -13,6 +13,7 @@ import { Clock, Context, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import { ImageAccountMessages as M } from "../errors/Catalog.js"
 import { ImagePresets, type Lora, type Preset } from "./Contracts.js"
+import { codePoints } from "./Text.js"
 
 /** Spec Limits: presets per account. */
 export const MAX_PRESETS = 10
@@ -85,17 +86,14 @@ const bad = (message: string): Validation<never> => ({ ok: false, message })
 
 const isRecord = (u: unknown): u is Record<string, unknown> => typeof u === "object" && u !== null && !Array.isArray(u)
 
-/** C0 controls and DEL; in prompts, tab and line breaks are allowed. */
-const CONTROL = /[\u0000-\u001f\u007f]/
+/**
+ * C0 and C1 controls, DEL and invisible format characters (bidi overrides, zero-width: they let a name show as
+ * something else); in prompts, tab and line breaks are allowed.
+ */
+const CONTROL = /[\u0000-\u001f\u007f-\u009f\p{Cf}]/u
 const PROMPT_CONTROL = /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f]/
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/
 
-/** Characters as PostgreSQL's `char_length` counts them (code points). */
-const codePoints = (s: string): number => {
-  let n = 0
-  for (const _ of s) n++
-  return n
-}
 
 interface TextRule {
   readonly min: number

@@ -9,6 +9,7 @@
  */
 import { Result } from "effect"
 import { fail, type GatewayError, ImageMessages } from "../errors/Catalog.js"
+import { overCodePoints } from "./Text.js"
 
 export const MAX_PROMPT_CHARS = 8000
 export const MAX_NEGATIVE_PROMPT_CHARS = 8000
@@ -52,7 +53,7 @@ export const decodeImageRequest = (body: unknown): Result.Result<ImageRequest, G
   const input = field(body, "input")
   if (input === undefined) return invalid(ImageMessages.inputRequired)
   if (typeof input !== "string") return invalid(ImageMessages.inputType)
-  if (input.length > MAX_PROMPT_CHARS) return invalid(ImageMessages.tooLong("input", MAX_PROMPT_CHARS))
+  if (overCodePoints(input, MAX_PROMPT_CHARS)) return invalid(ImageMessages.tooLong("input", MAX_PROMPT_CHARS))
   if (input.trim().length === 0) return invalid(ImageMessages.inputEmpty)
 
   const model = field(body, "model")
@@ -67,7 +68,7 @@ export const decodeImageRequest = (body: unknown): Result.Result<ImageRequest, G
   const negative = field(p, "negative_prompt")
   if (negative !== undefined) {
     if (typeof negative !== "string") return invalid(ImageMessages.stringField("parameters.negative_prompt"))
-    if (negative.length > MAX_NEGATIVE_PROMPT_CHARS) {
+    if (overCodePoints(negative, MAX_NEGATIVE_PROMPT_CHARS)) {
       return invalid(ImageMessages.tooLong("parameters.negative_prompt", MAX_NEGATIVE_PROMPT_CHARS))
     }
   }

@@ -82,6 +82,15 @@ describe("decodeImageRequest: refusals", () => {
   })
 })
 
+describe("decodeImageRequest: lengths are counted in characters (code points)", () => {
+  it("8000 astral characters are taken, 8001 are not", () => {
+    expect(Result.isSuccess(decodeImageRequest({ input: "😀".repeat(8000) }))).toBe(true)
+    expect(errorOf({ input: "😀".repeat(8001) }).status).toBe(400)
+    expect(Result.isSuccess(decodeImageRequest({ ...ok, parameters: { negative_prompt: "한".repeat(8000) } }))).toBe(true)
+    expect(errorOf({ ...ok, parameters: { negative_prompt: "😀".repeat(8001) } }).status).toBe(400)
+  })
+})
+
 describe("decodeImageRequest: accepted", () => {
   it("takes the minimal body", () => {
     expect(decodeImageRequest(ok)).toEqual(Result.succeed({
