@@ -1,7 +1,7 @@
 /**
  * The structural check of a worker's PNG, on both ends of the worker API: the signature, a well-formed IHDR
- * (first chunk, CRC, dimensions, a valid bit depth and colour type) and the IEND chunk at the very end (a
- * truncated upload fails here). Pixel data is not decoded.
+ * (first chunk, dimensions, a valid bit depth and colour type), every chunk's length and CRC in a chain that ends
+ * exactly with IEND (a truncated or spliced upload fails here), and at least one IDAT. Pixel data is not decoded.
  */
 import * as Zlib from "node:zlib"
 
@@ -42,5 +42,21 @@ export const checkPng = (bytes: Uint8Array): PngCheck => {
   if (bytes[26] !== 0 || bytes[27] !== 0 || (bytes[28] !== 0 && bytes[28] !== 1)) return bad("unknown compression, filter or interlace method")
   const tail = bytes.subarray(bytes.length - IEND.length)
   for (let i = 0; i < IEND.length; i++) if (tail[i] !== IEND[i]) return bad("does not end with IEND")
+  // Every chunk after IHDR: its declared length inside the file and its CRC right, up to IEND at the very end.
+  let at = 33
+  let idat = false
+  while (at < bytes.length - IEND.length) {
+    if (at + 12 > bytes.length - IEND.length) return bad("a chunk is cut off")
+    const length = view.getUint32(at)
+    const end = at + 12 + length
+    if (end > bytes.length - IEND.length) return bad("a chunk runs past the end")
+    if ((Zlib.crc32(bytes.subarray(at + 4, at + 8 + length)) >>> 0) !== view.getUint32(at + 8 + length)) {
+      return bad("chunk CRC mismatch")
+    }
+    if (bytes[at + 4] === 0x49 && bytes[at + 5] === 0x44 && bytes[at + 6] === 0x41 && bytes[at + 7] === 0x54) idat = true
+    at = end
+  }
+  if (at !== bytes.length - IEND.length) return bad("chunks do not line up with IEND")
+  if (!idat) return bad("no IDAT chunk")
   return { ok: true, width, height }
 }
