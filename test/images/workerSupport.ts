@@ -2,18 +2,11 @@
  * Shared by the worker tests: a gateway whose `ImageWork` is a small in-test implementation that records what
  * workers do, a valid PNG, and a job.
  */
-import { Effect, Layer, ManagedRuntime } from "effect"
+import { Effect, Layer } from "effect"
 import * as Crypto from "node:crypto"
-import * as Fs from "node:fs"
-import * as Os from "node:os"
-import * as Path from "node:path"
 import * as Zlib from "node:zlib"
-import * as Yaml from "yaml"
-import { appLayer } from "../../src/App.js"
-import { loadConfig } from "../../src/config/GatewayConfig.js"
-import { BoundListeners } from "../../src/http/Server.js"
 import { type ImageJob, ImageWork, type JobSpec, type WorkerInfo } from "../../src/images/Contracts.js"
-import { defaultConfigDoc, type ConfigDoc } from "../support/Gateway.js"
+import { type ConfigDoc, startGateway } from "../support/Gateway.js"
 
 // ---------------------------------------------------------------------------------------------------------
 // The in-test ImageWork
@@ -140,31 +133,18 @@ export const startWorkerGateway = async (options: {
   readonly databaseUrl?: string
   readonly configure?: (doc: ConfigDoc) => void
 }): Promise<WorkerGateway> => {
-  const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-workers-"))
-  const configPath = Path.join(dir, "gateway.yaml")
-  const doc = defaultConfigDoc()
-  options.configure?.(doc)
-  Fs.writeFileSync(configPath, Yaml.stringify(doc))
-  const { config, path } = loadConfig({
-    path: configPath,
-    env: {
-      WELLSPRING_PORT: "0",
-      WELLSPRING_DATA_DIR: Path.join(dir, "data"),
-      ...(options.databaseUrl ? { DATABASE_URL: options.databaseUrl } : {})
-    }
+  const gw = await startGateway({
+    ...(options.configure ? { configure: options.configure } : {}),
+    ...(options.databaseUrl ? { databaseUrl: options.databaseUrl } : {}),
+    imageWork: options.work.layer,
+    logSink: () => undefined
   })
-  const runtime = ManagedRuntime.make(appLayer(config, path, { imageWork: options.work.layer, logSink: () => undefined }))
-  const { listeners } = await runtime.runPromise(BoundListeners)
-  const port = listeners[0]!.port
   return {
-    url: `http://127.0.0.1:${port}`,
-    port,
-    configPath,
-    run: (effect) => runtime.runPromise(effect as Effect.Effect<any, any, never>),
-    stop: async () => {
-      await runtime.dispose()
-      Fs.rmSync(dir, { recursive: true, force: true })
-    }
+    url: gw.url,
+    port: gw.port,
+    configPath: gw.configPath,
+    run: (effect) => gw.run(effect as Effect.Effect<any, any, never>),
+    stop: gw.stop
   }
 }
 

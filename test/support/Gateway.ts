@@ -30,6 +30,10 @@ export interface GatewayOptions {
   readonly images?: AppOptions["images"]
   /** Sees every database connection (support/SqlCounter.ts). */
   readonly sqlTap?: AppOptions["sqlTap"]
+  /** An in-test worker side of the image queue (test/images/workerSupport.ts). */
+  readonly imageWork?: AppOptions["imageWork"]
+  /** Where log lines go (default: stdout). */
+  readonly logSink?: AppOptions["logSink"]
 }
 
 type AppServices = Layer.Success<ReturnType<typeof appLayer>>
@@ -68,7 +72,9 @@ export const startGateway = async (options: GatewayOptions = {}): Promise<TestGa
   const runtime = ManagedRuntime.make(appLayer(config, path, {
     ...(options.admission ? { admission: options.admission } : {}),
     ...(options.images ? { images: options.images } : {}),
-    ...(options.sqlTap ? { sqlTap: options.sqlTap } : {})
+    ...(options.sqlTap ? { sqlTap: options.sqlTap } : {}),
+    ...(options.imageWork ? { imageWork: options.imageWork } : {}),
+    ...(options.logSink ? { logSink: options.logSink } : {})
   }))
   const key = await runtime.runPromise(ensureDevAccount)
   const { listeners } = await runtime.runPromise(BoundListeners)
