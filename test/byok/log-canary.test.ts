@@ -11,6 +11,7 @@ import { freshDatabase, type FreshDatabase } from "../support/Db.js"
 import { serviceGate } from "../support/Services.js"
 import { type LeakyUpstream, startLeakyUpstream } from "./LeakyUpstream.js"
 import { type CapturingGateway, startCapturingGateway } from "./support.js"
+import { readBody } from "../inference/helpers.js"
 
 const postgresAvailable = await serviceGate("postgres")
 const BASE = "/api/user/me/byok"
@@ -67,19 +68,8 @@ describe("BYOK failures leave no piece of a key and no raw control character in 
       headers: { authorization: `Bearer ${key}`, "content-type": "application/json" },
       body: JSON.stringify(body)
     })
-    const reader = res.body!.getReader()
-    const decoder = new TextDecoder()
-    let text = ""
-    try {
-      for (;;) {
-        const { done, value } = await reader.read()
-        if (done) break
-        text += decoder.decode(value, { stream: true })
-      }
-    } catch {
-      // cut mid-stream: what arrived is the answer
-    }
-    answers.push(text)
+    // Cut mid-stream: what arrived is the answer.
+    answers.push((await readBody(res)).text)
     return res.status
   }
   const save = async (key: string, body: Record<string, unknown>) => {
