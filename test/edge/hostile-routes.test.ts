@@ -329,9 +329,10 @@ describe("hostile bodies on every registered route", () => {
     let finished!: () => void
     const allSent = new Promise<void>((resolve) => (finished = resolve))
     const latencies = measureLatencies(allSent)
-    // Four hostile clients at a time.
+    // Two hostile clients at a time: the senders share the machine's two cores with the gateway, and more of them
+    // would measure the load generator's CPU rather than the gateway's stalls.
     let next = 0
-    await Promise.all(Array.from({ length: 4 }, async () => {
+    await Promise.all(Array.from({ length: 2 }, async () => {
       while (next < cases.length) await cases[next++]!()
     }))
     finished()
