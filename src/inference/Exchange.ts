@@ -41,6 +41,9 @@ export class Exchange implements RowSource {
   #provider: string | null = null
   #byok = false
   #fellBack = false
+  #api: string
+  #deployment: string | null = null
+  #attempts = 0
   #estimatedInput = 0
   #ticket: Ticket | null = null
   #ttfbMs: number | null = null
@@ -71,7 +74,9 @@ export class Exchange implements RowSource {
     readonly operation: Operation,
     /** The request's server span, parent of the spans made outside its fiber (tracing on only). */
     private readonly traceParent: Tracer.AnySpan | undefined
-  ) {}
+  ) {
+    this.#api = operation
+  }
 
   /**
    * Opens the exchange of an authenticated request: allocates its row id and registers, on the request's
@@ -121,6 +126,18 @@ export class Exchange implements RowSource {
   /** A BYOK request that fell back to its pool model. */
   get fellBack(): boolean {
     return this.#fellBack
+  }
+  /** The client protocol the request came in on (the row's operator-visible `api`). */
+  get api(): string {
+    return this.#api
+  }
+  /** The deployment that answered, or the last one tried. */
+  get deployment(): string | null {
+    return this.#deployment
+  }
+  /** Upstream attempts made so far. */
+  get attempts(): number {
+    return this.#attempts
   }
   get estimatedInput(): number {
     return this.#estimatedInput
@@ -192,6 +209,17 @@ export class Exchange implements RowSource {
       this.#ticket = null
       return ticket === null ? Effect.void : ticket.refund
     })
+  }
+
+  /** The request came in on another client protocol than its operation's own (Messages, Responses). */
+  setApi(api: string): void {
+    this.#api = api
+  }
+
+  /** One more upstream attempt, sent to `deployment` (failover makes several). */
+  attempt(deployment: string): void {
+    this.#deployment = deployment
+    this.#attempts += 1
   }
 
   describe(request: { readonly stream: boolean; readonly hadTools: boolean; readonly toolChoice: string | null }): void {

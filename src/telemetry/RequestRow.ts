@@ -30,6 +30,12 @@ export interface RequestRow {
   readonly fell_back: boolean
   readonly error: string | null
   readonly created_at: Date
+  /** The client protocol (operator-visible, migrations/0006_request_routing.ts). */
+  readonly api: string
+  /** The deployment that answered, or the last one tried (operator-visible). */
+  readonly deployment: string | null
+  /** Upstream attempts made (operator-visible). */
+  readonly attempts: number
 }
 
 /** Longest text stored per column (characters); longer values are cut. */
@@ -40,7 +46,9 @@ export const TEXT_LIMITS = {
   error_code: 64,
   tool_choice: 80,
   provider: 64,
-  error: 500
+  error: 500,
+  api: 32,
+  deployment: 128
 } as const
 
 const INT4_MAX = 2_147_483_647
@@ -119,7 +127,10 @@ export const sanitizeRow = (row: RequestRow): RequestRow | null => {
     provider: cleanNullableText(row.provider, TEXT_LIMITS.provider),
     fell_back: row.fell_back === true,
     error: cleanNullableText(row.error, TEXT_LIMITS.error, true),
-    created_at: createdAt
+    created_at: createdAt,
+    api: cleanText(row.api, TEXT_LIMITS.api),
+    deployment: cleanNullableText(row.deployment, TEXT_LIMITS.deployment),
+    attempts: Math.min(1000, int4(row.attempts))
   }
 }
 
@@ -162,6 +173,12 @@ export interface RowSource {
   readonly provider: string | null
   readonly byok: boolean
   readonly fellBack: boolean
+  /** The client protocol the request came in on. */
+  readonly api: string
+  /** The deployment that answered, or the last one tried; null when nothing was sent upstream. */
+  readonly deployment: string | null
+  /** Upstream attempts made. */
+  readonly attempts: number
   readonly createdAt: Date
   readonly ttfbMs: number | null
   readonly durationMs: number
@@ -209,6 +226,9 @@ export const requestRow = (source: RowSource, completion: Completion, detailIsPr
       : detailIsPrivate
       ? `${wire} (${error.status})`
       : (error.detail ?? error.userMessage).slice(0, 500),
-    created_at: source.createdAt
+    created_at: source.createdAt,
+    api: source.api,
+    deployment: source.deployment,
+    attempts: source.attempts
   }
 }

@@ -52,6 +52,9 @@ const row = (id: number, extra: Partial<RequestRow> = {}): RequestRow => ({
   fell_back: false,
   error: null,
   created_at: new Date(),
+  api: "chat",
+  deployment: "sim",
+  attempts: 1,
   ...extra
 })
 
