@@ -1,5 +1,8 @@
 /**
- * Dependency direction (issue 9, Structure 4), read from the source's imports:
+ * Dependency direction (issue 9, Structure 4; issue 19, point 6), read from the source's imports:
+ * - layers: every module belongs to a unit (a folder, or a single file) with a rank, from the table in
+ *   docs/architecture-layers.md (the only copy of it); a module imports only its own unit or units of strictly
+ *   lower rank, and every source file is covered by a row;
  * - `accounts` may use `auth`, never the reverse: nothing `src/auth/` imports reaches `src/accounts/`, directly
  *   or through other modules;
  * - no module imports a route module (a file that defines `HttpRouter.add` routes), except the composition root
@@ -13,6 +16,7 @@ import { describe, expect, it } from "vitest"
 
 const SRC = Path.resolve("src")
 const COMPOSITION_ROOT = "App.ts"
+const LAYERS_DOC = Path.resolve("docs/architecture-layers.md")
 
 /** Route modules named by the issue; detection must find at least these. */
 const KNOWN_ROUTE_MODULES = [
@@ -116,6 +120,56 @@ const violations = (modules: ReadonlyArray<Module>): Array<string> => {
   return found
 }
 
+/** A rank table: unit (a folder, a file path, or `(root)` for the files directly in `src/`) -> rank. */
+type Ranks = ReadonlyMap<string, number>
+
+/** The rows between the `ranks:begin` / `ranks:end` markers: `| rank | \`unit\` | ... |`. */
+const parseRanks = (markdown: string): Ranks => {
+  const begin = markdown.indexOf("<!-- ranks:begin -->")
+  const end = markdown.indexOf("<!-- ranks:end -->")
+  if (begin < 0 || end < begin) throw new Error("no ranks:begin / ranks:end markers")
+  const ranks = new Map<string, number>()
+  for (const line of markdown.slice(begin, end).split("\n")) {
+    const match = /^\|\s*(\d+)\s*\|\s*`([^`]+)`\s*\|/.exec(line)
+    if (match === null) continue
+    if (ranks.has(match[2]!)) throw new Error(`unit ${match[2]} ranked twice`)
+    ranks.set(match[2]!, Number(match[1]))
+  }
+  return ranks
+}
+
+/** The most specific unit of a module: its own path, else its folders from the deepest up, else `(root)`. */
+const unitOf = (path: string, ranks: Ranks): string | null => {
+  if (ranks.has(path)) return path
+  const parts = path.split("/")
+  if (parts.length === 1) return ranks.has("(root)") ? "(root)" : null
+  for (let n = parts.length - 1; n > 0; n--) {
+    const folder = parts.slice(0, n).join("/")
+    if (ranks.has(folder)) return folder
+  }
+  return null
+}
+
+/** Every import from a unit to one of equal or higher rank, and every module no row covers. */
+const rankViolations = (modules: ReadonlyArray<Module>, ranks: Ranks): Array<string> => {
+  const found: Array<string> = []
+  for (const module of modules) {
+    const from = unitOf(module.path, ranks)
+    if (from === null) {
+      found.push(`${module.path} has no rank (add its folder to docs/architecture-layers.md)`)
+      continue
+    }
+    for (const target of module.imports) {
+      const to = unitOf(target, ranks)
+      if (to === null || to === from) continue
+      if (ranks.get(to)! >= ranks.get(from)!) {
+        found.push(`${module.path} (${from}, rank ${ranks.get(from)}) imports ${target} (${to}, rank ${ranks.get(to)})`)
+      }
+    }
+  }
+  return found
+}
+
 const readTree = (): Array<Module> => {
   const files = listSources(SRC).map((full) => Path.relative(SRC, full).split(Path.sep).join("/"))
   const known = new Set(files)
@@ -134,6 +188,49 @@ describe("dependency direction in src/", () => {
     // The composition root does mount them, so the imports are read.
     const app = modules.find((m) => m.path === COMPOSITION_ROOT)!
     expect(app.imports).toEqual(expect.arrayContaining(KNOWN_ROUTE_MODULES))
+  })
+
+  it("every module imports only its own unit or lower-ranked ones (docs/architecture-layers.md)", () => {
+    const ranks = parseRanks(Fs.readFileSync(LAYERS_DOC, "utf8"))
+    // The infrastructure named by the issue ranks below every domain folder.
+    for (const infrastructure of ["errors", "wire", "store", "runtime", "http"]) {
+      for (const domain of ["config", "quota", "auth", "accounts", "byok", "inference", "images", "status"]) {
+        expect(ranks.get(infrastructure)!).toBeLessThan(ranks.get(domain)!)
+      }
+    }
+    expect(rankViolations(modules, ranks)).toEqual([])
+  })
+
+  it("the rank checker reports an upward import, an import within one rank, and an unranked module", () => {
+    const ranks = parseRanks([
+      "<!-- ranks:begin -->",
+      "| rank | unit | what |",
+      "| 0 | `store` | low |",
+      "| 0 | `errors` | low |",
+      "| 10 | `telemetry/LogText.ts` | a file ranked on its own |",
+      "| 20 | `quota` | |",
+      "| 30 | `telemetry` | |",
+      "| 40 | `(root)` | |",
+      "<!-- ranks:end -->",
+      "| 99 | `outside` | after the end marker: ignored |"
+    ].join("\n"))
+    expect(ranks.has("outside")).toBe(false)
+    const exists = (p: string) =>
+      ["store/Redis.ts", "errors/Catalog.ts", "quota/A.ts", "telemetry/LogText.ts", "telemetry/Rows.ts"].includes(p)
+    const modules = [
+      parseModule("store/Redis.ts", `import { GatewayError } from "../errors/Catalog.js"`, exists),
+      parseModule("quota/A.ts", `import type { Row } from "../telemetry/Rows.js"\nimport { clip } from "../telemetry/LogText.js"`, exists),
+      parseModule("telemetry/LogText.ts", `import { A } from "../quota/A.js"`, exists),
+      parseModule("telemetry/Rows.ts", `import { clip } from "./LogText.js"\nimport { A } from "../quota/A.js"`, exists),
+      parseModule("App.ts", `import { A } from "./quota/A.js"`, exists),
+      parseModule("newfolder/X.ts", `export const x = 1`, exists)
+    ]
+    expect(rankViolations(modules, ranks)).toEqual([
+      "store/Redis.ts (store, rank 0) imports errors/Catalog.ts (errors, rank 0)",
+      "quota/A.ts (quota, rank 20) imports telemetry/Rows.ts (telemetry, rank 30)",
+      "telemetry/LogText.ts (telemetry/LogText.ts, rank 10) imports quota/A.ts (quota, rank 20)",
+      "newfolder/X.ts has no rank (add its folder to docs/architecture-layers.md)"
+    ])
   })
 
   it("auth never reaches accounts, and no module but App.ts imports a route module", () => {
