@@ -1,9 +1,10 @@
 import { Clock, Context, Effect, Layer } from "effect"
 import { SqlClient } from "effect/sql"
 import * as Crypto from "node:crypto"
-import { generateKey, hashKey, keyPrefixOf, LEGACY_PREFIX, open, randomBase62, seal } from "../auth/KeyMaterial.js"
+import { generateKey, hashKey, keyPrefixOf, LEGACY_PREFIX, randomBase62 } from "../auth/KeyMaterial.js"
 import type { AccountRow, KeyRow } from "../auth/Rows.js"
 import { Settings } from "../config/Live.js"
+import { open, seal } from "../store/Sealer.js"
 
 export const ACCOUNT_STATUSES = ["active", "unlinked", "revoked"] as const
 export type AccountStatus = (typeof ACCOUNT_STATUSES)[number]

@@ -4,56 +4,26 @@
  * (`byok_credential:<id>:secret` / `:meta`), so a ciphertext copied to another row, or swapped between the two
  * fields, fails to open.
  *
- * Encoding (versioned, compact, ASCII): `v1.` + base64url(iv(12) | ciphertext | tag(16)). A later version (a key
- * id for rotation, another cipher) gets a new prefix; `open` refuses versions it does not know.
+ * The sealing itself is `store/Sealer.ts` (encoding `v1.` + base64url(iv | ciphertext | tag)); a credential field
+ * accepts only that encoding.
  *
  * The key: 32 bytes from config (base64 or hex); in embedded mode generated once into `<data_dir>/byok.key`
  * (0600), next to the key-encryption key `encryption.key`, created the same way (complete or not at all; a
  * process that loses the race to create it takes the winner's key). No key: BYOK is off.
  */
-import * as Crypto from "node:crypto"
-import * as Fs from "node:fs"
-import * as Path from "node:path"
-
-export const SEALED_VERSION = "v1"
-const PREFIX = `${SEALED_VERSION}.`
-const IV_BYTES = 12
-const TAG_BYTES = 16
+import { createKeyFile, decodeKey32OrThrow, loadOrCreateKeyFile, open as openSealed, seal as sealText } from "../store/Sealer.js"
 
 export type SealedField = "secret" | "meta"
 
-const associated = (rowId: number | string, field: SealedField): Buffer =>
-  Buffer.from(`byok_credential:${rowId}:${field}`, "utf8")
-
-const checkKey = (key: Buffer): void => {
-  if (key.length !== 32) throw new Error("the BYOK key must be exactly 32 bytes")
-}
+const associated = (rowId: number | string, field: SealedField): string => `byok_credential:${rowId}:${field}`
 
 /** Seals one field of credential `rowId`. */
-export const seal = (key: Buffer, rowId: number | string, field: SealedField, plaintext: string): string => {
-  checkKey(key)
-  const iv = Crypto.randomBytes(IV_BYTES)
-  const cipher = Crypto.createCipheriv("aes-256-gcm", key, iv, { authTagLength: TAG_BYTES })
-  cipher.setAAD(associated(rowId, field))
-  const body = Buffer.concat([cipher.update(plaintext, "utf8"), cipher.final()])
-  return PREFIX + Buffer.concat([iv, body, cipher.getAuthTag()]).toString("base64url")
-}
+export const seal = (key: Buffer, rowId: number | string, field: SealedField, plaintext: string): string =>
+  sealText(key, plaintext, associated(rowId, field))
 
 /** Opens one field of credential `rowId`; null when damaged, moved to another row or field, or another key's. */
-export const open = (key: Buffer, rowId: number | string, field: SealedField, sealed: string): string | null => {
-  if (key.length !== 32 || !sealed.startsWith(PREFIX)) return null
-  const raw = Buffer.from(sealed.slice(PREFIX.length), "base64url")
-  if (raw.length < IV_BYTES + TAG_BYTES) return null
-  try {
-    const decipher = Crypto.createDecipheriv("aes-256-gcm", key, raw.subarray(0, IV_BYTES), { authTagLength: TAG_BYTES })
-    decipher.setAAD(associated(rowId, field))
-    decipher.setAuthTag(raw.subarray(raw.length - TAG_BYTES))
-    return Buffer.concat([decipher.update(raw.subarray(IV_BYTES, raw.length - TAG_BYTES)), decipher.final()])
-      .toString("utf8")
-  } catch {
-    return null
-  }
-}
+export const open = (key: Buffer, rowId: number | string, field: SealedField, sealed: string): string | null =>
+  sealed.startsWith("v1.") ? openSealed(key, sealed, associated(rowId, field)) : null
 
 export type Meta = Readonly<Record<string, string>>
 
@@ -99,65 +69,15 @@ export const maskedHint = (secret: string): string => {
   return chars.slice(0, Math.min(HINT_CHARS, Math.floor(chars.length / 2))).join("") + "…"
 }
 
+const KEY_NAME = "byok.encryption_key"
+
 /** The BYOK key from its configured text: 64 hex digits, or base64 / base64url of exactly 32 bytes. */
-export const decodeByokKey = (text: string): Buffer => {
-  const trimmed = text.trim()
-  if (/^[0-9a-fA-F]{64}$/.test(trimmed)) return Buffer.from(trimmed, "hex")
-  if (/^[A-Za-z0-9+/_-]{43}={0,1}$/.test(trimmed)) {
-    const key = Buffer.from(trimmed.replace(/-/g, "+").replace(/_/g, "/"), "base64")
-    if (key.length === 32) return key
-  }
-  throw new Error("byok.encryption_key must be 32 bytes, as 64 hex digits or base64")
-}
+export const decodeByokKey = (text: string): Buffer => decodeKey32OrThrow(text, KEY_NAME)
 
 export const BYOK_KEY_FILE = "byok.key"
 
-const readKeyFile = (file: string): Buffer | null => {
-  try {
-    return decodeByokKey(Fs.readFileSync(file, "utf8"))
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return null
-    throw error
-  }
-}
-
-const readExisting = (file: string): Buffer => {
-  const key = readKeyFile(file)
-  if (key === null) throw new Error(`${file} was removed while being created`)
-  return key
-}
-
-/**
- * Creates `<data_dir>/byok.key` (0600) with a new key unless it exists (then its key wins, never overwritten).
- * Written to a private temporary file and hard-linked into place, so the file appears complete or not at all and
- * two processes starting together end with the same key (the pattern of `config/Live.ts` `createKeyFile`).
- */
-export const createByokKeyFile = (dataDir: string): Buffer => {
-  const file = Path.resolve(dataDir, BYOK_KEY_FILE)
-  Fs.mkdirSync(dataDir, { recursive: true, mode: 0o700 })
-  const key = Crypto.randomBytes(32)
-  const body = key.toString("base64") + "\n"
-  const tmp = `${file}.${process.pid}.${Crypto.randomBytes(6).toString("hex")}.tmp`
-  Fs.writeFileSync(tmp, body, { flag: "wx", mode: 0o600 })
-  try {
-    Fs.linkSync(tmp, file)
-    return key
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code
-    if (code === "EEXIST") return readExisting(file)
-    if (code !== "EPERM" && code !== "ENOTSUP" && code !== "EOPNOTSUPP") throw error
-  } finally {
-    Fs.rmSync(tmp, { force: true })
-  }
-  try {
-    Fs.writeFileSync(file, body, { flag: "wx", mode: 0o600 })
-    return key
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "EEXIST") return readExisting(file)
-    throw error
-  }
-}
+/** Creates `<data_dir>/byok.key` (0600) unless it exists (then its key wins); see `store/Sealer.ts`. */
+export const createByokKeyFile = (dataDir: string): Buffer => createKeyFile(dataDir, BYOK_KEY_FILE, KEY_NAME)
 
 /** The embedded BYOK key: read from `<data_dir>/byok.key`, or created there on the first start. */
-export const loadOrCreateByokKeyFile = (dataDir: string): Buffer =>
-  readKeyFile(Path.resolve(dataDir, BYOK_KEY_FILE)) ?? createByokKeyFile(dataDir)
+export const loadOrCreateByokKeyFile = (dataDir: string): Buffer => loadOrCreateKeyFile(dataDir, BYOK_KEY_FILE, KEY_NAME)

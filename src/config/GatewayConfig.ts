@@ -2,11 +2,11 @@ import { Effect, Result, Schema, SchemaIssue } from "effect"
 import * as Fs from "node:fs"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
-import { decodeKey32 } from "../auth/KeyMaterial.js"
 import { ByokConfig } from "../byok/Config.js"
 import { isRange } from "../http/ClientAddress.js"
 import { ImagesConfig } from "../images/Config.js"
 import { StatusConfig } from "../status/Config.js"
+import { decodeKey32 } from "../store/Sealer.js"
 import { ReasoningEffort } from "../wire/ChatSchemas.js"
 
 const PositiveInt = Schema.Int.check(Schema.isGreaterThan(0))

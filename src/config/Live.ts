@@ -1,8 +1,7 @@
 import { Context, Duration, Effect, Layer, Redacted, Schedule, Stream, SubscriptionRef } from "effect"
 import * as Crypto from "node:crypto"
 import * as Fs from "node:fs"
-import * as Path from "node:path"
-import { decodeEncryptionKey } from "../auth/KeyMaterial.js"
+import * as Sealer from "../store/Sealer.js"
 import type { Catalog, GatewayConfig, ModelConfig, PlanConfig } from "./GatewayConfig.js"
 import { decodeCatalog, decodeLayered, parseYaml } from "./GatewayConfig.js"
 
@@ -162,62 +161,20 @@ export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.
     return LiveCatalog.of({ current: () => view, changes: SubscriptionRef.changes(ref), reload })
   })
 
-/** Reads a key file; null when it does not exist. */
-const readKeyFile = (file: string): Buffer | null => {
-  try {
-    return decodeEncryptionKey(Fs.readFileSync(file, "utf8").trim())
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "ENOENT") return null
-    throw error
-  }
-}
-
-/** The key another process created first. */
-const readExisting = (file: string): Buffer => {
-  const key = readKeyFile(file)
-  if (key === null) throw new Error(`${file} was removed while being created`)
-  return key
-}
+const KEY_FILE = "encryption.key"
+const KEY_NAME = "encryption_key"
 
 /**
- * Creates `<data_dir>/encryption.key` (0600) with a new key, unless the file exists: then the key in it wins and
- * is returned, never overwritten. The file appears complete or not at all (written to a private temporary file,
- * then hard-linked into place, which fails if the file exists), so two processes starting together end up with
- * the same key.
+ * Creates `<data_dir>/encryption.key` (0600) with a new key unless the file exists (then its key wins); see
+ * `store/Sealer.ts` for how two processes starting together end up with the same key.
  */
-export const createKeyFile = (dataDir: string): Buffer => {
-  const file = Path.resolve(dataDir, "encryption.key")
-  Fs.mkdirSync(dataDir, { recursive: true, mode: 0o700 })
-  const key = Crypto.randomBytes(32)
-  const body = key.toString("base64") + "\n"
-  const tmp = `${file}.${process.pid}.${Crypto.randomBytes(6).toString("hex")}.tmp`
-  Fs.writeFileSync(tmp, body, { flag: "wx", mode: 0o600 })
-  try {
-    Fs.linkSync(tmp, file)
-    return key
-  } catch (error) {
-    const code = (error as NodeJS.ErrnoException).code
-    if (code === "EEXIST") return readExisting(file)
-    if (code !== "EPERM" && code !== "ENOTSUP" && code !== "EOPNOTSUPP") throw error
-  } finally {
-    Fs.rmSync(tmp, { force: true })
-  }
-  // A file system without hard links: exclusive create of the file itself.
-  try {
-    Fs.writeFileSync(file, body, { flag: "wx", mode: 0o600 })
-    return key
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === "EEXIST") return readExisting(file)
-    throw error
-  }
-}
+export const createKeyFile = (dataDir: string): Buffer => Sealer.createKeyFile(dataDir, KEY_FILE, KEY_NAME)
 
 /** The embedded key-encryption key: read from `<data_dir>/encryption.key`, or created there on the first start. */
-export const loadOrCreateKeyFile = (dataDir: string): Buffer =>
-  readKeyFile(Path.resolve(dataDir, "encryption.key")) ?? createKeyFile(dataDir)
+export const loadOrCreateKeyFile = (dataDir: string): Buffer => Sealer.loadOrCreateKeyFile(dataDir, KEY_FILE, KEY_NAME)
 
 const loadOrCreateKey = (config: GatewayConfig): Buffer | null => {
-  if (config.encryption_key) return decodeEncryptionKey(Redacted.value(config.encryption_key))
+  if (config.encryption_key) return Sealer.decodeKey32OrThrow(Redacted.value(config.encryption_key), KEY_NAME)
   if (config.database_url) return null
   return loadOrCreateKeyFile(config.data_dir)
 }
