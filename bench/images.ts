@@ -10,7 +10,7 @@
  */
 import { Effect, Layer } from "effect"
 import * as Net from "node:net"
-import { ImagesConfig } from "../src/images/Config.js"
+import { ImagesConfig } from "../src/config/Images.js"
 import { ImageQueue, type ImageJob, ImageSlots } from "../src/images/Contracts.js"
 import * as Images from "../src/images/layer.js"
 import { draw } from "../src/images/Png.js"

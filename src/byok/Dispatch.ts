@@ -20,7 +20,7 @@ import { openAiChatCodecWith } from "../upstream/openai-compatible/Chat.js"
 import { openAiEmbedWith } from "../upstream/openai-compatible/Embeddings.js"
 import { type UpstreamAdapter, UpstreamError } from "../upstream/Upstream.js"
 import { type AddressGuard, type Refusal, refusal } from "./AddressGuard.js"
-import type { ByokConfig } from "./Config.js"
+import type { ByokConfig } from "../config/Byok.js"
 import {
   type AuthScheme,
   isOperatorUrl,

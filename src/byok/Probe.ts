@@ -13,7 +13,7 @@
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
 import { type AddressGuard, type GuardOptions, makeAddressGuard, type Refusal, type RefusalCode } from "./AddressGuard.js"
-import type { ByokConfig } from "./Config.js"
+import type { ByokConfig } from "../config/Byok.js"
 import {
   type AuthScheme,
   isOperatorUrl,

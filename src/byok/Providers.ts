@@ -8,10 +8,10 @@
  * non-secret columns derived at save (`derivedColumns`), the `providers[]` rows of the list response
  * (`describeProviders`) and the model-list parser.
  */
-import type { ByokConfig, ProviderId } from "./Config.js"
+import type { ByokConfig, ProviderId } from "../config/Byok.js"
 import { normalizeOrigin } from "./AddressGuard.js"
 
-export { PROVIDER_IDS, type ProviderId } from "./Config.js"
+export { PROVIDER_IDS, type ProviderId } from "../config/Byok.js"
 
 export type WireKind = "openai-compatible" | "anthropic"
 

@@ -2,10 +2,10 @@ import { Effect, Result, Schema, SchemaIssue } from "effect"
 import * as Fs from "node:fs"
 import * as Path from "node:path"
 import * as Yaml from "yaml"
-import { ByokConfig } from "../byok/Config.js"
+import { ByokConfig } from "./Byok.js"
 import { isRange } from "../http/ClientAddress.js"
-import { ImagesConfig } from "../images/Config.js"
-import { StatusConfig } from "../status/Config.js"
+import { ImagesConfig } from "./Images.js"
+import { StatusConfig } from "./Status.js"
 import { decodeKey32 } from "../store/Sealer.js"
 import { ReasoningEffort } from "../wire/ChatSchemas.js"
 
@@ -257,14 +257,14 @@ export const GatewayConfig = Schema.Struct({
   ),
   dev_account: Schema.Boolean.pipe(withDefault(() => true)),
   /**
-   * Users' own provider credentials (src/byok/Config.ts). Absent: defaults; BYOK is then on in embedded mode
+   * Users' own provider credentials (src/config/Byok.ts). Absent: defaults; BYOK is then on in embedded mode
    * (key generated into `<data_dir>/byok.key`) and off in production. Env `WELLSPRING_BYOK_KEY` sets
    * `byok.encryption_key`.
    */
   byok: ByokConfig.pipe(withDefault(() => Schema.decodeSync(ByokConfig)({}))),
-  /** Image generation (src/images/Config.ts). */
+  /** Image generation (src/config/Images.ts). */
   images: ImagesConfig.pipe(withDefault(() => Schema.decodeSync(ImagesConfig)({}))),
-  /** Public status resources and the status page (src/status/Config.ts). */
+  /** Public status resources and the status page (src/config/Status.ts). */
   status: StatusConfig.pipe(withDefault(() => Schema.decodeSync(StatusConfig)({}))),
   catalog: Catalog
 }).check(Schema.makeFilter((config) =>
@@ -446,7 +446,7 @@ export const readConfigSection = (path: string, name: string): unknown => {
   return section ?? {}
 }
 
-/** The `byok` section of a config file as written (decoded by `byok/Config.ts`); `{}` when absent. */
+/** The `byok` section of a config file as written (decoded by `config/Byok.ts`); `{}` when absent. */
 export const readByokSection = (path: string): unknown => readConfigSection(path, "byok")
 
 export const readCatalogFile = (path: string): Catalog => {

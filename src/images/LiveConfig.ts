@@ -6,7 +6,7 @@
 import { Context, Duration, Effect, Layer, Schedule, Schema } from "effect"
 import { readConfigSection } from "../config/GatewayConfig.js"
 import { fileStamp, Settings } from "../config/Live.js"
-import { ImagesConfig } from "./Config.js"
+import { ImagesConfig } from "../config/Images.js"
 
 export class LiveImages extends Context.Service<LiveImages, {
   /** The current section (synchronous, for the request path). */

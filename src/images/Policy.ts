@@ -12,7 +12,7 @@
  * Matching is one Aho-Corasick pass: linear in the prompt, plus at most one check per distinct term length at each
  * position (terms are at most 100 characters). Automata are built once per configured list.
  */
-import type { Category } from "./Config.js"
+import type { Category } from "../config/Images.js"
 
 /** A prompt in compact form: the kept code points, whether a separator came before each, and their script class. */
 export interface Compact {

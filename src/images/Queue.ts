@@ -22,7 +22,7 @@
 import { Clock, type Context, Effect, type Scope } from "effect"
 import { CurrentTelemetry } from "../telemetry/Telemetry.js"
 import { GatewayError } from "../errors/Catalog.js"
-import type { ImagesConfig } from "./Config.js"
+import type { ImagesConfig } from "../config/Images.js"
 import { type ImageJob, ImageQueue, ImageWork, type JobOutcome, type WorkerInfo } from "./Contracts.js"
 import { makeTakers } from "./Takers.js"
 

@@ -28,7 +28,7 @@ import type { Redis } from "ioredis"
 import type { GatewayError } from "../errors/Catalog.js"
 import { command, within } from "../store/Redis.js"
 import { CurrentTelemetry } from "../telemetry/Telemetry.js"
-import type { ImagesConfig } from "./Config.js"
+import type { ImagesConfig } from "../config/Images.js"
 import { type ImageJob, ImageQueue, ImageWork, type JobOutcome, type JobSpec, type WorkerInfo } from "./Contracts.js"
 import {
   congested,

@@ -9,7 +9,7 @@
  *   of the nearest aspect ratio;
  * - seed: the request's, else the random one the caller drew.
  */
-import type { Resolution } from "./Config.js"
+import type { Resolution } from "../config/Images.js"
 import type { JobSpec, Preset } from "./Contracts.js"
 import { joinPrompts, toWorkerSyntax } from "./Prompt.js"
 import type { ImageRequest } from "./Request.js"

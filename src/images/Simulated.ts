@@ -9,7 +9,7 @@
  */
 import * as Crypto from "node:crypto"
 import { type Context, Duration, Effect, type Scope } from "effect"
-import type { ImagesConfig } from "./Config.js"
+import type { ImagesConfig } from "../config/Images.js"
 import type { ImageJob, ImageWork, WorkerInfo } from "./Contracts.js"
 import { draw } from "./Png.js"
 

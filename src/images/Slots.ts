@@ -9,7 +9,7 @@
 import { Clock, type Context, Effect, Exit, type Scope } from "effect"
 import { GatewayError } from "../errors/Catalog.js"
 import * as Actors from "../runtime/Actors.js"
-import type { ImagesConfig } from "./Config.js"
+import type { ImagesConfig } from "../config/Images.js"
 import { ImageSlots } from "./Contracts.js"
 
 type Command =

@@ -14,7 +14,7 @@ import { type Context, Duration, Effect, Fiber, Queue, type Scope } from "effect
 import type { Redis } from "ioredis"
 import type { GatewayError } from "../errors/Catalog.js"
 import { command } from "../store/Redis.js"
-import type { ImagesConfig } from "./Config.js"
+import type { ImagesConfig } from "../config/Images.js"
 import { ImageSlots } from "./Contracts.js"
 import { pendingFull } from "./Slots.js"
 

@@ -7,7 +7,7 @@
 import { Context, Effect, Layer, type Redacted } from "effect"
 import * as Live from "../config/Live.js"
 import * as StoreRedis from "../store/Redis.js"
-import type { ImagesConfig } from "./Config.js"
+import type { ImagesConfig } from "../config/Images.js"
 import { ImageQueue, ImageSlots, ImageWork } from "./Contracts.js"
 import { LiveImages } from "./LiveConfig.js"
 import * as Queue from "./Queue.js"

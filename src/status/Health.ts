@@ -12,7 +12,7 @@
  * - `degraded`: of the window's counted requests (at least `min_requests`), at least `degraded_error_rate` failed;
  * - `ok` otherwise, including too little traffic to tell.
  */
-import type { HealthRules } from "./Config.js"
+import type { HealthRules } from "../config/Status.js"
 import { type FleetRows, SPARK_BUCKET_MS, SPARK_BUCKETS } from "../telemetry/RequestQueries.js"
 
 export const MODEL_STATUSES = ["ok", "degraded", "down", "idle"] as const

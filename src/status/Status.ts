@@ -17,7 +17,7 @@ import { Admission } from "../quota/Admission.js"
 import { DAY_MS } from "../quota/Policy.js"
 import * as Refresh from "../runtime/Refresh.js"
 import { allTimeRow, fleetRows, requestsSince, serverRow, SPARK_BUCKET_MS } from "../telemetry/RequestQueries.js"
-import type { StatusConfig } from "./Config.js"
+import type { StatusConfig } from "../config/Status.js"
 import { fleetHealth, type ModelHealth, type ModelStatus } from "./Health.js"
 import { type Incident, INCIDENTS_DEFAULT, INCIDENTS_MAX, recentIncidents } from "./Incidents.js"
 

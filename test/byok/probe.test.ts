@@ -14,7 +14,7 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import { afterAll, beforeAll } from "vitest"
 import type { AddressGuard, Resolver } from "../../src/byok/AddressGuard.js"
-import { type ByokConfigEncoded, decodeByokConfig } from "../../src/byok/Config.js"
+import { type ByokConfigEncoded, decodeByokConfig } from "../../src/config/Byok.js"
 import {
   classifyStatus,
   listModels,

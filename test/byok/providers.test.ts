@@ -3,7 +3,7 @@
  * list response, validation of verify/save bodies, assembled base URLs, request targets and headers.
  */
 import { describe, expect, it } from "vitest"
-import { decodeByokConfig } from "../../src/byok/Config.js"
+import { decodeByokConfig } from "../../src/config/Byok.js"
 import {
   derivedColumns,
   describeProviders,

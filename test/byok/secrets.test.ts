@@ -8,7 +8,8 @@ import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
-import { decodeByokConfig, resolveByok } from "../../src/byok/Config.js"
+import { resolveByok } from "../../src/byok/Switch.js"
+import { decodeByokConfig } from "../../src/config/Byok.js"
 import {
   BYOK_KEY_FILE,
   createByokKeyFile,

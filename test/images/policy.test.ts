@@ -4,7 +4,7 @@
  * space words (Hangul) match inside words; safe mode adds its own categories; work stays bounded.
  */
 import { describe, expect, it } from "vitest"
-import type { Category } from "../../src/images/Config.js"
+import type { Category } from "../../src/config/Images.js"
 import { blockedCategory, compact, compile, fold, matcherFor } from "../../src/images/Policy.js"
 
 const categories: ReadonlyArray<Category> = [

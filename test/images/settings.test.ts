@@ -3,7 +3,7 @@
  * resolutions to the allowed list by aspect ratio.
  */
 import { describe, expect, it } from "vitest"
-import { DEFAULT_RESOLUTIONS } from "../../src/images/Config.js"
+import { DEFAULT_RESOLUTIONS } from "../../src/config/Images.js"
 import type { Preset } from "../../src/images/Contracts.js"
 import type { ImageRequest } from "../../src/images/Request.js"
 import { clampSteps, DEFAULT_SCALE, resolveSettings, type SettingsInput, snapResolution } from "../../src/images/Settings.js"

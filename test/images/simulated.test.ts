@@ -5,7 +5,7 @@
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Fiber, Layer } from "effect"
 import { TestClock } from "effect/testing"
-import type { ImagesConfig } from "../../src/images/Config.js"
+import type { ImagesConfig } from "../../src/config/Images.js"
 import { ImageQueue, ImageWork } from "../../src/images/Contracts.js"
 import * as Images from "../../src/images/layer.js"
 import { dimensions } from "../../src/images/Png.js"

@@ -1,7 +1,7 @@
 /** The health rules (status/Health.ts) at their boundaries, and the sparkline's buckets, without a database. */
 import { Schema } from "effect"
 import { describe, expect, it } from "vitest"
-import { HealthRules } from "../../src/status/Config.js"
+import { HealthRules } from "../../src/config/Status.js"
 import { classify, fleetHealth, type HealthFigures } from "../../src/status/Health.js"
 
 const rules = Schema.decodeSync(HealthRules)({})

@@ -1,7 +1,7 @@
 /**
  * The `byok` section of the gateway config (a fragment: `config/GatewayConfig.ts` embeds it as
- * `byok: ByokConfig.pipe(withDefault(() => Schema.decodeSync(ByokConfig)({})))`), and how the effective
- * switch and key are decided from it.
+ * `byok: ByokConfig.pipe(withDefault(() => Schema.decodeSync(ByokConfig)({})))`). How the effective switch and
+ * key are decided from it is `byok/Switch.ts`.
  *
  * ```yaml
  * byok:
@@ -22,9 +22,8 @@
  *     openrouter: { enabled: false }
  * ```
  */
-import { Effect, Redacted, Schema } from "effect"
+import { Effect, Schema } from "effect"
 import ipaddr from "ipaddr.js"
-import { loadOrCreateByokKeyFile, decodeByokKey } from "./Secrets.js"
 
 export const PROVIDER_IDS = ["openai", "anthropic", "openrouter", "gemini", "azure", "custom"] as const
 export type ProviderId = (typeof PROVIDER_IDS)[number]
@@ -103,29 +102,3 @@ export type ByokConfig = typeof ByokConfig.Type
 export type ByokConfigEncoded = typeof ByokConfig.Encoded
 
 export const decodeByokConfig = Schema.decodeUnknownSync(ByokConfig, { onExcessProperty: "error" })
-
-/** Why BYOK is off, for the boot log (never the key). */
-export type ByokDisabledReason = "disabled_by_operator" | "no_encryption_key"
-
-export type ByokSwitch =
-  | { readonly enabled: true; readonly key: Buffer }
-  | { readonly enabled: false; readonly reason: ByokDisabledReason }
-
-/**
- * The effective switch (spec, Authentication 6, gate 3: "enabled by the operator, with credential encryption
- * configured"). A configured key wins; in embedded mode a key is read from, or generated into,
- * `<data_dir>/byok.key`; in production without a key BYOK is off even when `enabled: true`. An explicit
- * `enabled: false` creates no key file. Throws on a malformed configured key or key file (a boot error).
- */
-export const resolveByok = (
-  config: ByokConfig,
-  context: { readonly embedded: boolean; readonly dataDir: string }
-): ByokSwitch => {
-  const enabled = config.enabled ?? context.embedded
-  if (!enabled) return { enabled: false, reason: "disabled_by_operator" }
-  if (config.encryption_key !== undefined) {
-    return { enabled: true, key: decodeByokKey(Redacted.value(config.encryption_key)) }
-  }
-  if (context.embedded) return { enabled: true, key: loadOrCreateByokKeyFile(context.dataDir) }
-  return { enabled: false, reason: "no_encryption_key" }
-}
