@@ -27,7 +27,7 @@ const pattern = (regex: RegExp, message?: string) =>
 // Defined with the chat wire shapes; re-exported for the catalog's `reasoning_efforts`.
 export { ReasoningEffort }
 
-/** `operator`: `/metrics` (telemetry/Operator.ts); no listener serves it unless the config names it. */
+/** `operator`: `/metrics` (status/Operator.ts); no listener serves it unless the config names it. */
 export const Origin = Schema.Literals(["inference", "account", "status", "operator"])
 export type Origin = typeof Origin.Type
 

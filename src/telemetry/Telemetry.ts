@@ -1,6 +1,6 @@
 /**
  * Prometheus metrics and the gateway's trace spans (ARCHITECTURE §3 `telemetry/`), recorded on the request path by
- * `inference/Exchange.ts` and `auth/Auth.ts`, served by `telemetry/Operator.ts` at `/metrics`.
+ * `inference/Exchange.ts` and `auth/Auth.ts`, served by `status/Operator.ts` at `/metrics`.
  *
  * Metrics are `effect` `Metric`s in a registry of their own (one per gateway, so gateways in one test process
  * never mix), rendered by `effect`'s `PrometheusMetrics`. Names follow the OpenTelemetry GenAI semantic conventions

@@ -14,8 +14,8 @@ import { Effect, Layer, Option } from "effect"
 import { HttpRouter, HttpServerResponse } from "effect/http"
 import { Auth } from "../auth/Auth.js"
 import { ImageQueue } from "../images/Contracts.js"
-import { RequestLog } from "./RequestLog.js"
-import { CurrentTelemetry } from "./Telemetry.js"
+import { RequestLog } from "../telemetry/RequestLog.js"
+import { CurrentTelemetry } from "../telemetry/Telemetry.js"
 
 /** The image queue's figures, bounded by 1 s (null without an image domain, or when it does not answer). */
 const imageFigures = Effect.gen(function*() {
