@@ -157,6 +157,10 @@ export class GatewayError extends Data.TaggedError("GatewayError")<{
 export const fail = (code: Code, extra: Omit<ConstructorParameters<typeof GatewayError>[0], "code"> = {}) =>
   new GatewayError({ code, ...extra })
 
+/** A store that did not answer (`store/Redis.ts`'s `RedisError`): 503 `service_unavailable`, its detail kept. */
+export const unavailable = (cause: { readonly detail: string }): GatewayError =>
+  new GatewayError({ code: "service_unavailable", detail: cause.detail })
+
 // ---------------------------------------------------------------------------------------------
 // Message variants: the Korean text of a code when its default must name the request's specifics (a limit,
 // the allowed values). Routes and decoders take their texts from here: `fail(code, { message: ... })`.

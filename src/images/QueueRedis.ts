@@ -25,8 +25,8 @@
  */
 import { Clock, Deferred, Effect, Exit, type Scope } from "effect"
 import type { Redis } from "ioredis"
-import type { GatewayError } from "../errors/Catalog.js"
-import { command, within } from "../store/Redis.js"
+import { type GatewayError, unavailable } from "../errors/Catalog.js"
+import * as StoreRedis from "../store/Redis.js"
 import { CurrentTelemetry } from "../telemetry/Telemetry.js"
 import type { ImagesConfig } from "../config/Images.js"
 import { type ImageJob, ImageQueue, ImageWork, type JobOutcome, type JobSpec, type WorkerInfo } from "./Contracts.js"
@@ -42,6 +42,9 @@ import {
 } from "./Queue.js"
 import { NOW } from "./SlotsRedis.js"
 import { makeTakers } from "./Takers.js"
+
+/** One Redis command; no answer is 503 `service_unavailable`. */
+const command = <A>(what: string, f: () => Promise<A>) => Effect.mapError(StoreRedis.command(what, f), unavailable)
 
 /** What a request learns when its job's record vanished from Redis. */
 export const JOB_LOST = "the job's record was lost"
@@ -349,7 +352,7 @@ export const makeRedis = (client: Redis, options: RedisQueueOptions): Effect.Eff
     // Redis reachable: subscribed before the first job. Unreachable: connect in the background (the `ready`
     // handler subscribes), so start-up is not delayed twice.
     const subscribed = sub.connect().then(() => sub.subscribe(doneChannel, newChannel))
-    yield* Effect.promise(() => within(subscribed, client.status === "ready" ? 2_000 : 0))
+    yield* Effect.promise(() => StoreRedis.within(subscribed, client.status === "ready" ? 2_000 : 0))
 
     const sweepNow = command("image sweep", () => redis.wsImgSweep(now(), P, hbMs(), RESULT_TTL_MS, LOST_TWICE)).pipe(
       Effect.catch(logged("the sweep")),

@@ -12,11 +12,14 @@
  */
 import { type Context, Duration, Effect, Fiber, Queue, type Scope } from "effect"
 import type { Redis } from "ioredis"
-import type { GatewayError } from "../errors/Catalog.js"
-import { command } from "../store/Redis.js"
+import { type GatewayError, unavailable } from "../errors/Catalog.js"
+import * as StoreRedis from "../store/Redis.js"
 import type { ImagesConfig } from "../config/Images.js"
 import { ImageSlots } from "./Contracts.js"
 import { pendingFull } from "./Slots.js"
+
+/** One Redis command; no answer is 503 `service_unavailable`. */
+const command = <A>(what: string, f: () => Promise<A>) => Effect.mapError(StoreRedis.command(what, f), unavailable)
 
 /** Lua prelude: \`now\` from ARGV[1] (epoch ms), or Redis \`TIME\` when it is empty. */
 export const NOW = `

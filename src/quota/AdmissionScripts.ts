@@ -14,11 +14,14 @@
  */
 import { Effect } from "effect"
 import type { Redis } from "ioredis"
-import { GatewayError } from "../errors/Catalog.js"
-import { command } from "../store/Redis.js"
+import { GatewayError, unavailable } from "../errors/Catalog.js"
+import * as StoreRedis from "../store/Redis.js"
 import type { Rejection } from "./Policy.js"
 import type { AccountWindows } from "./QuotaRepo.js"
 import type { AbuseRule } from "./Transitions.js"
+
+/** One Redis command; no answer is 503 `service_unavailable`. */
+const command = <A>(what: string, f: () => Promise<A>) => Effect.mapError(StoreRedis.command(what, f), unavailable)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Lua. Numbers that may be fractional are returned as strings (Lua numbers become integer replies).

@@ -7,8 +7,13 @@
  */
 import { Effect, Layer } from "effect"
 import type { Redis } from "ioredis"
-import { command, RedisClient } from "../store/Redis.js"
+import { unavailable } from "../errors/Catalog.js"
+import { RedisClient } from "../store/Redis.js"
+import * as StoreRedis from "../store/Redis.js"
 import { type RateRule, RateLimiter, type Verdict } from "./RateLimit.js"
+
+/** One Redis command; no answer is 503 `service_unavailable`. */
+const command = <A>(what: string, f: () => Promise<A>) => Effect.mapError(StoreRedis.command(what, f), unavailable)
 
 /**
  * KEYS: 1 window hash. ARGV: 1 now|'' (Redis TIME), 2 op (take | record | wait), 3 rule (fixed | sliding), 4 max,

@@ -12,9 +12,8 @@
  * The connect wait and the QUIT bound are real time (timers), not the Effect clock: they bound I/O against a real
  * server, also under `TestClock`, which would never fire them.
  */
-import { Context, Effect, Layer, Redacted } from "effect"
+import { Context, Data, Effect, Layer, Redacted } from "effect"
 import { Redis, type RedisOptions } from "ioredis"
-import { GatewayError } from "../errors/Catalog.js"
 
 export interface RedisClientOptions {
   /** `redis://host:port/db`. Default `redis://127.0.0.1:6379`. */
@@ -89,15 +88,17 @@ export const layerFromClient = (client: Redis): Layer.Layer<RedisClient> =>
   Layer.succeed(RedisClient, RedisClient.of({ client }))
 
 /**
- * Runs one command: a rejection (timeout, connection down, script error) becomes 503 `service_unavailable`
- * with `redis <what>: <message>` as its internal detail.
+ * A Redis command that did not answer: a timeout, the connection down, a script error. What the client sees is
+ * the caller's decision (quota and images answer 503 `service_unavailable`); `detail` is for logs and rows.
  */
-export const command = <A>(what: string, f: () => Promise<A>): Effect.Effect<A, GatewayError> =>
+export class RedisError extends Data.TaggedError("RedisError")<{
+  /** `redis <what>: <message>`. */
+  readonly detail: string
+}> {}
+
+/** Runs one command: a rejection becomes a `RedisError` naming the command. */
+export const command = <A>(what: string, f: () => Promise<A>): Effect.Effect<A, RedisError> =>
   Effect.tryPromise({
     try: f,
-    catch: (cause) =>
-      new GatewayError({
-        code: "service_unavailable",
-        detail: `redis ${what}: ${cause instanceof Error ? cause.message : String(cause)}`
-      })
+    catch: (cause) => new RedisError({ detail: `redis ${what}: ${cause instanceof Error ? cause.message : String(cause)}` })
   })
