@@ -8,7 +8,7 @@ import * as Byok from "./byok/Byok.js"
 import * as Credentials from "./byok/Credentials.js"
 import * as CredentialsRepo from "./byok/CredentialsRepo.js"
 import { byokRoutes } from "./byok/Routes.js"
-import type { GatewayConfig } from "./config/GatewayConfig.js"
+import type { GatewayConfig, Origin } from "./config/GatewayConfig.js"
 import * as Live from "./config/Live.js"
 import * as FailedRequests from "./http/FailedRequests.js"
 import * as Images from "./images/layer.js"
@@ -161,7 +161,7 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     Layer.provide(Auth.layer, Layer.provideMerge(AccountsRepo.layer, base)),
     AccountsRepo.layer,
     RequestLog.layer,
-    FailedRequests.layer,
+    FailedRequests.layer(config.limits.failed_requests_per_minute),
     upstreamsLayer,
     admission,
     options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
@@ -191,7 +191,9 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
 export const appLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
   const services = servicesLayer(config, configPath, options)
   const server = Server.layer(
-    { inference: inferenceRouter, account: accountRouter, status: statusRouter, operator: operatorRouter },
+    { inference: inferenceRouter, account: accountRouter, status: statusRouter, operator: operatorRouter } satisfies
+      Record<Origin, Layer.Layer<never, never, any>>,
+    config,
     { everyListener: Health.routes }
   )
   return Layer.provideMerge(Layer.provideMerge(server, services), GatewayLogger.layer(options.logSink))

@@ -13,7 +13,7 @@
  * address for every guess. The address comes from `http/ClientAddress.ts` (already normalized: never header text).
  */
 import ipaddr from "ipaddr.js"
-import { makeWindowStore, MAX_TRACKED_KEYS, type RateRule, slidingWindow } from "../quota/RateLimit.js"
+import { makeWindowStore, MAX_TRACKED_KEYS, type RateRule, slidingWindow } from "../runtime/RateWindow.js"
 
 /** A refused address is logged at most this often. */
 export const LOG_EVERY_MS = 60_000

@@ -1,6 +1,7 @@
 import { Context, Duration, Effect, Layer, Redacted, Schedule, Stream, SubscriptionRef } from "effect"
 import * as Crypto from "node:crypto"
 import * as Fs from "node:fs"
+import { BodyLimits } from "../http/Body.js"
 import * as Sealer from "../store/Sealer.js"
 import type { Catalog, GatewayConfig, ModelConfig, PlanConfig } from "./GatewayConfig.js"
 import { decodeCatalog, decodeLayered, parseYaml } from "./GatewayConfig.js"
@@ -188,7 +189,9 @@ export const makeSettings = (config: GatewayConfig, path: string): Context.Servi
 })
 
 export const layer = (config: GatewayConfig, path: string) =>
-  Layer.merge(
+  Layer.mergeAll(
     Layer.sync(Settings, () => makeSettings(config, path)),
+    // The HTTP kit's body bounds, from `limits` (read at boot).
+    Layer.succeed(BodyLimits, config.limits),
     Layer.effect(LiveCatalog, makeLiveCatalog(path, config.catalog, Duration.seconds(config.catalog_reload_seconds)))
   )

@@ -15,11 +15,9 @@
  *   it, the rest left unread), then the parse (400 `invalid_json`).
  */
 import { NodeHttpServerRequest } from "@effect/platform-node"
-import { Effect } from "effect"
+import { Context, Effect } from "effect"
 import type { HttpServerRequest } from "effect/http"
 import type * as Http from "node:http"
-import type { LimitsConfig } from "../config/GatewayConfig.js"
-import { Settings } from "../config/Live.js"
 import { fail, GatewayError } from "../errors/Catalog.js"
 import { makeDepthScanner, parseScannedJson, tooDeep } from "./Json.js"
 
@@ -190,6 +188,17 @@ export const acceptsContentType = (header: string | ReadonlyArray<string> | unde
     type === "application/x-www-form-urlencoded" || (type.startsWith("application/") && type.endsWith("+json"))
 }
 
+/** The bounds of a JSON body (the config's `limits` has them). */
+export interface BodyLimitsShape {
+  /** Largest body. */
+  readonly body_bytes: number
+  /** Deepest nesting of objects and arrays. */
+  readonly json_depth: number
+}
+
+/** The bounds `readJson` applies; provided from the config's `limits` by `config/Live.ts`. */
+export class BodyLimits extends Context.Service<BodyLimits, BodyLimitsShape>()("wellspring/http/BodyLimits") {}
+
 export interface JsonBodyOptions {
   /** A tighter bound than `limits.body_bytes` for routes that take small bodies. */
   readonly maxBytes?: number
@@ -203,7 +212,7 @@ export interface JsonBodyOptions {
  */
 export const readJsonWith = (
   request: HttpServerRequest.HttpServerRequest,
-  limits: LimitsConfig,
+  limits: BodyLimitsShape,
   options: JsonBodyOptions = {}
 ): Effect.Effect<unknown, GatewayError> => {
   if (!acceptsContentType(request.headers["content-type"])) return Effect.fail(fail("unsupported_content_type"))
@@ -214,9 +223,9 @@ export const readJsonWith = (
       : parseScannedJson(text))
 }
 
-/** `readJsonWith` under the live `limits`. */
+/** `readJsonWith` under the configured bounds (`BodyLimits`). */
 export const readJson = (
   request: HttpServerRequest.HttpServerRequest,
   options: JsonBodyOptions = {}
-): Effect.Effect<unknown, GatewayError, Settings> =>
-  Effect.flatMap(Settings, (settings) => readJsonWith(request, settings.config.limits, options))
+): Effect.Effect<unknown, GatewayError, BodyLimits> =>
+  Effect.flatMap(BodyLimits, (limits) => readJsonWith(request, limits, options))

@@ -12,7 +12,6 @@
  */
 import type * as Http from "node:http"
 import type { Socket } from "node:net"
-import type { LimitsConfig } from "../config/GatewayConfig.js"
 import type { ClientAddresses } from "./ClientAddress.js"
 
 export interface ConnectionGuard {
@@ -36,9 +35,17 @@ const closesAfter = (response: Http.ServerResponse) =>
 /** How often pending connections are checked for their first byte. */
 const SWEEP_MS = 250
 
+/** The connection bounds (the config's `limits` has them all). */
+export interface ConnectionLimits {
+  readonly connections: number
+  readonly connections_per_address: number
+  readonly pending_connections: number
+  readonly first_byte_timeout_seconds: number
+}
+
 export const guardConnections = (
   server: Http.Server,
-  limits: LimitsConfig,
+  limits: ConnectionLimits,
   addresses: ClientAddresses,
   warn: (message: string) => void
 ): ConnectionGuard => {

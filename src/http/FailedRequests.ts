@@ -3,16 +3,15 @@
  * size). A key over `limits.failed_requests_per_minute` in the last minute gets 429 `too_many_failed_requests`
  * after authentication and before its body is read, so a flood of bad requests costs neither parsing nor rows.
  *
- * Counting is the rate-limit primitive's sliding-window counter (`quota/RateLimit.ts`, rule `sliding`: this
+ * Counting is the rate-limit primitive's sliding-window counter (`runtime/RateWindow.ts`, rule `sliding`: this
  * minute's count plus the previous minute's, weighted by the part of it still inside the window): constant
  * memory per key, at most `MAX_TRACKED_KEYS` keys (idle keys swept first, then the least recently failing).
  * In-process on purpose: the check runs on every inference request, before its body, and a Redis round trip
  * there would cost every request; each replica bounds its own share of a flood.
  */
 import { Clock, Context, Effect, Layer } from "effect"
-import { Settings } from "../config/Live.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
-import { makeWindowStore, MAX_TRACKED_KEYS, type RateRule, slidingWindow } from "../quota/RateLimit.js"
+import { makeWindowStore, MAX_TRACKED_KEYS, type RateRule, slidingWindow } from "../runtime/RateWindow.js"
 
 export { MAX_TRACKED_KEYS }
 
@@ -67,10 +66,8 @@ export const make = (limit: number, maxKeys = MAX_TRACKED_KEYS) => {
   })
 }
 
-export const layer = Layer.effect(
-  FailedRequests,
-  Effect.map(Settings, (settings) => make(settings.config.limits.failed_requests_per_minute))
-)
+/** `limit`: the config's `limits.failed_requests_per_minute`. */
+export const layer = (limit: number) => Layer.sync(FailedRequests, () => make(limit))
 
 /** After authentication, before the body: 429 when this key has failed too often (no-op for cookie sessions). */
 export const guard = (caller: { readonly key: { readonly id: number } | null }) =>

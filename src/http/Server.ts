@@ -11,27 +11,53 @@ import {
 import * as Http from "node:http"
 import type { AddressInfo } from "node:net"
 import type { Duplex } from "node:stream"
-import type { LimitsConfig, Listener, Origin } from "../config/GatewayConfig.js"
-import { Settings } from "../config/Live.js"
 import { fail } from "../errors/Catalog.js"
 import { inferenceBody } from "../errors/Render.js"
 import { TracingEnabled } from "../telemetry/Tracing.js"
 import { declaredOver } from "./Body.js"
 import * as CallbackFibers from "./CallbackFibers.js"
 import * as ClientAddress from "./ClientAddress.js"
-import { ANSWER_LINGER_MS, guardConnections } from "./Connections.js"
+import { ANSWER_LINGER_MS, type ConnectionLimits, guardConnections } from "./Connections.js"
 import { Lifecycle } from "./Lifecycle.js"
 import { defectCode, newRequestId, REQUEST_ID_HEADER } from "./Respond.js"
+
+/** A name for a set of routes (the config's listener `origins`: `inference`, `account`, ...). */
+export type Origin = string
 
 /**
  * Routes contributed by each domain, grouped by the origin that serves them: a layer of `HttpRouter.add(...)`
  * registrations per origin (`Layer.mergeAll` of them; `Layer.empty` for none). `R` is what the route layers
- * require: the router and the handlers' `HttpRouter.Request<"Requires" | "Error", …>` markers. The `operator`
- * origin (metrics) may be left out: a listener naming it then serves only the routes of every listener.
+ * require: the router and the handlers' `HttpRouter.Request<"Requires" | "Error", …>` markers. An origin left out
+ * (or undefined) has no routes: a listener naming it serves only the routes of every listener.
  */
-export type Routes<R> =
-  & Readonly<Record<Exclude<Origin, "operator">, Layer.Layer<never, never, R>>>
-  & { readonly operator?: Layer.Layer<never, never, R> }
+export type Routes<R> = Readonly<Record<Origin, Layer.Layer<never, never, R> | undefined>>
+
+/** One listening socket and the origins it serves (the config's `listeners[]`). */
+export interface Listener {
+  readonly host: string
+  readonly port: number
+  readonly origins: ReadonlyArray<Origin>
+}
+
+/** Node's socket timeouts and the connection guard's bounds (the config's `limits` has them all). */
+export interface ServerLimits extends ConnectionLimits {
+  readonly body_bytes: number
+  readonly headers_timeout_seconds: number
+  readonly body_timeout_seconds: number
+  readonly keep_alive_seconds: number
+}
+
+/** What the listeners are built from; the gateway config has every field. */
+export interface ServerSettings {
+  readonly listeners: ReadonlyArray<Listener>
+  readonly limits: ServerLimits
+  /** Proxies whose `X-Forwarded-For` names the client (`ClientAddress.ts`). */
+  readonly trusted_proxies: ReadonlyArray<string>
+  /** Drain time for open requests after a stop signal. */
+  readonly shutdown_grace_seconds: number
+  /** Not-ready time before the drain begins. */
+  readonly shutdown_delay_seconds: number
+}
 
 /** A listener that could not be bound (port in use, address not available): one line for the operator. */
 export class ListenError extends Data.TaggedError("ListenError")<{ readonly message: string }> {}
@@ -180,7 +206,7 @@ const closeIfBodyUnread = (
  * Node's socket-level bounds from `limits`. `requestTimeout` only covers receiving the request: a response that
  * streams for minutes is not cut. Expiry is checked every `connectionsCheckingInterval`, so it stays short.
  */
-export const serverOptions = (limits: LimitsConfig): Http.ServerOptions => {
+export const serverOptions = (limits: ServerLimits): Http.ServerOptions => {
   const requestTimeout = limits.body_timeout_seconds * 1000
   return {
     // Node requires headersTimeout <= requestTimeout.
@@ -239,16 +265,20 @@ const listen = (server: Http.Server, listener: Listener) =>
   })
 
 /** What the route layers of `routes` require, all origins together. */
-type RoutesServices<Rs extends Routes<any>> = Layer.Services<Exclude<Rs[Origin], undefined>>
+type RoutesServices<Rs extends Routes<any>> = Layer.Services<Exclude<Rs[keyof Rs], undefined>>
 
-export const layer = <Rs extends Routes<any>, RE = never>(routes: Rs, options: LayerOptions<RE> = {}) => Layer.effect(
+/** The listeners of `settings`, each serving the routes of its origins. */
+export const layer = <Rs extends Routes<any>, RE = never>(
+  routes: Rs,
+  settings: ServerSettings,
+  options: LayerOptions<RE> = {}
+) => Layer.effect(
   BoundListeners,
   Effect.gen(function*() {
-    const settings = yield* Settings
     // Per-request spans only when an exporter is configured (telemetry/Tracing.ts).
     const tracing = yield* TracingEnabled
-    const grace = Duration.seconds(settings.config.shutdown_grace_seconds)
-    const delay = settings.config.shutdown_delay_seconds
+    const grace = Duration.seconds(settings.shutdown_grace_seconds)
+    const delay = settings.shutdown_delay_seconds
     const runFork = Effect.runForkWith(yield* Effect.context<never>())
     const servers: Array<Http.Server> = []
     const closeIdle: Array<() => void> = []
@@ -291,8 +321,8 @@ export const layer = <Rs extends Routes<any>, RE = never>(routes: Rs, options: L
     // Created before the drain's finalizer is added, so it is closed (remaining fibers interrupted) after it.
     const callbackFibers = yield* CallbackFibers.make
     yield* Effect.addFinalizer((exit) => Effect.ensuring(drain, Scope.close(requests, exit.pipe(Exit.asVoid))))
-    const addresses = ClientAddress.make(settings.config.trusted_proxies)
-    for (const [index, listener] of settings.config.listeners.entries()) {
+    const addresses = ClientAddress.make(settings.trusted_proxies)
+    for (const [index, listener] of settings.listeners.entries()) {
       // No per-request tracing spans unless an exporter is configured: they cost 20-30% of the hot path. The
       // handler runs every request with the services captured here, so the setting holds for all of them.
       const app = yield* appFor(
@@ -307,9 +337,9 @@ export const layer = <Rs extends Routes<any>, RE = never>(routes: Rs, options: L
           Effect.provideService(Lifecycle, lifecycle),
           Effect.provideService(CallbackFibers.CallbackFibers, callbackFibers),
           // Bodies are read through http/Body.ts; the platform's own readers get the same size bound all the same.
-          Effect.provideService(HttpIncomingMessage.MaxBodySize, ByteSize.fromInputUnsafe(settings.config.limits.body_bytes))
+          Effect.provideService(HttpIncomingMessage.MaxBodySize, ByteSize.fromInputUnsafe(settings.limits.body_bytes))
         )
-      const limits = settings.config.limits
+      const limits = settings.limits
       const server = Http.createServer(serverOptions(limits), handler)
       const guard = guardConnections(server, limits, addresses, (message) => runFork(Effect.logWarning(message)))
       refuseOversizedContinue(server, limits.body_bytes)

@@ -30,6 +30,7 @@ import {
   weightedCost
 } from "./Policy.js"
 import { type AccountWindows, makeQuotaRepo, type QuotaRepo } from "./QuotaRepo.js"
+import { fixedWindow } from "../runtime/RateWindow.js"
 import * as RateLimit from "./RateLimit.js"
 import {
   type AccountState,
@@ -366,7 +367,7 @@ export const make = (options: MemoryOptions) =>
 
       dailyUsage: (modelId) => Effect.sync(() => gates.dailyUsage(modelId, clock.currentTimeMillisUnsafe())),
 
-      limit: (key, max, windowSeconds) => limiter.take(key, RateLimit.fixedWindow(max, windowSeconds))
+      limit: (key, max, windowSeconds) => limiter.take(key, fixedWindow(max, windowSeconds))
     })
 
     const probe = AdmissionMemoryProbe.of({

@@ -40,7 +40,7 @@ import {
   weightedCost
 } from "./Policy.js"
 import { makeQuotaRepo } from "./QuotaRepo.js"
-import { fixedWindow } from "./RateLimit.js"
+import { fixedWindow } from "../runtime/RateWindow.js"
 import * as RateLimitRedis from "./RateLimitRedis.js"
 import * as RedisLeases from "./RedisLeases.js"
 import { abuseRule } from "./Transitions.js"

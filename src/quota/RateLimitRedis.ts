@@ -10,7 +10,8 @@ import type { Redis } from "ioredis"
 import { unavailable } from "../errors/Catalog.js"
 import { RedisClient } from "../store/Redis.js"
 import * as StoreRedis from "../store/Redis.js"
-import { type RateRule, RateLimiter, type Verdict } from "./RateLimit.js"
+import type { RateRule, Verdict } from "../runtime/RateWindow.js"
+import { RateLimiter } from "./RateLimit.js"
 
 /** One Redis command; no answer is 503 `service_unavailable`. */
 const command = <A>(what: string, f: () => Promise<A>) => Effect.mapError(StoreRedis.command(what, f), unavailable)

@@ -37,7 +37,7 @@ const gatewayWith = (graceSeconds: number, started: (release: Promise<void>) => 
     planFor: () => config.plans[config.default_plan]!
   })
   const runtime = ManagedRuntime.make(
-    Layer.provideMerge(Server.layer(routes), settings).pipe(
+    Layer.provideMerge(Server.layer(routes, config), settings).pipe(
       Layer.provide(Layer.succeed(References.MinimumLogLevel, "None"))
     )
   )

@@ -14,7 +14,7 @@ import * as KeyStore from "../../src/auth/KeyStore.js"
 import type { AccountRow, KeyRow } from "../../src/auth/Rows.js"
 import { type GatewayConfig, loadConfig } from "../../src/config/GatewayConfig.js"
 import { Settings } from "../../src/config/Live.js"
-import { MAX_TRACKED_KEYS } from "../../src/quota/RateLimit.js"
+import { MAX_TRACKED_KEYS } from "../../src/runtime/RateWindow.js"
 
 const HANGUL = /[\uAC00-\uD7A3]/
 const base = loadConfig({ path: "config/gateway.yaml", env: {} })

@@ -128,7 +128,7 @@ describe("request ids outside the handlers", () => {
     planFor: () => config.plans[config.default_plan]!
   })
   const runtime = ManagedRuntime.make(
-    Layer.provideMerge(Server.layer(routes), settings).pipe(Layer.provide(Layer.succeed(References.MinimumLogLevel, "None")))
+    Layer.provideMerge(Server.layer(routes, config), settings).pipe(Layer.provide(Layer.succeed(References.MinimumLogLevel, "None")))
   )
   afterAll(() => runtime.dispose())
 

@@ -6,15 +6,14 @@
 import { afterAll, describe, expect, it } from "@effect/vitest"
 import { Effect } from "effect"
 import { TestClock } from "effect/testing"
+import { makeMemory, type RateLimiter } from "../../src/quota/RateLimit.js"
 import {
   fixedWindow,
-  makeMemory,
   makeWindowStore,
-  type RateLimiter,
   type RateRule,
   slidingWindow,
   type Verdict
-} from "../../src/quota/RateLimit.js"
+} from "../../src/runtime/RateWindow.js"
 import * as RateLimitRedis from "../../src/quota/RateLimitRedis.js"
 import * as StoreRedis from "../../src/store/Redis.js"
 import { deleteByPrefix, uniquePrefix } from "../support/Redis.js"
