@@ -8,7 +8,7 @@
  *   from the Effect clock when `time: "clock"` (tests drive it with `TestClock`);
  * - the client from `store/Redis.ts` (`RedisClient`): bounded commands, no offline queue, so while Redis is
  *   unreachable admission fails at once with `service_unavailable` (fail closed);
- * - `RedisLeases.ts`: in-flight slots are leases that expire after `leaseMs` (30 s) unless extended; one
+ * - `RedisLeases.ts`: in-flight slots are leases that expire after `leaseMs` (9 s) unless extended; one
  *   heartbeat fiber per layer extends every lease this replica holds every `leaseMs / 3`, and retries
  *   settles/releases that failed (idempotent); a dead replica's leases lapse and are pruned by the next admission;
  * - `WriteBehind.ts` (with a SqlClient): the pools and daily totals this replica touched are copied to
@@ -56,7 +56,7 @@ export interface RedisAdmissionOptions {
   readonly keyPrefix?: string | undefined
   /** Per-command timeout of the client the layer creates from `url`. Default 500 ms. */
   readonly commandTimeoutMs?: number | undefined
-  /** In-flight lease lifetime without heartbeat. Default 30 s. */
+  /** In-flight lease lifetime without heartbeat. Default 9 s (`RedisLeases.DEFAULT_LEASE_MS`). */
   readonly leaseMs?: number | undefined
   /** Snapshot to PostgreSQL and rebuild from it. */
   readonly sql?: SqlClient.SqlClient | undefined
@@ -111,7 +111,7 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
     const clock: Clock.Clock = yield* Clock.Clock
     const runFork = Effect.runForkWith(yield* Effect.context<never>())
     const prefix = options.keyPrefix ?? "ws:q:"
-    const leaseMs = options.leaseMs ?? 30_000
+    const leaseMs = options.leaseMs ?? RedisLeases.DEFAULT_LEASE_MS
     const useClock = options.time === "clock"
     const repo = options.sql === undefined ? undefined : makeQuotaRepo(options.sql)
     const abuse = abuseRule(options.abuse)

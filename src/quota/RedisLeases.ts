@@ -3,13 +3,15 @@
  * dropped atomically by the admission and settle scripts); this module keeps this replica's leases alive and
  * finishes what could not be finished.
  *
- * - A lease expires `leaseMs` (30 s) after it was taken or last extended; a dead replica's leases lapse and are
- *   pruned by the next admission.
- * - One heartbeat fiber per layer extends every lease this replica holds every `leaseMs / 3`, and retries the
- *   settles/releases that failed (they are idempotent: the reservation record is deleted by the first).
+ * - A lease expires `leaseMs` (`DEFAULT_LEASE_MS`, 9 s) after it was taken or last extended; a dead replica's
+ *   leases lapse and are pruned by the next admission, so its slots come back at most 9 s after it died.
+ * - One heartbeat fiber per layer extends every lease this replica holds every `leaseMs / 3` (3 s), and retries
+ *   the settles/releases that failed (they are idempotent: the reservation record is deleted by the first).
+ * - The beats keep a fixed rate: a slow round trip (bounded by the client's command timeout, 500 ms) delays
+ *   neither the next beat nor its successors, and a lease outlives two failed beats in a row.
  * - The heartbeat sleeps only while something is held or waits for a retry.
  */
-import { Duration, Effect, Queue } from "effect"
+import { Clock, Duration, Effect, Queue } from "effect"
 import type { AdmissionScripts, SettleCall } from "./AdmissionScripts.js"
 
 export interface RedisLeases {
@@ -24,6 +26,9 @@ export interface RedisLeases {
 }
 
 const MAX_RETRIES = 10_000
+
+/** Lease lifetime without a heartbeat: a dead replica's slots come back within this time. */
+export const DEFAULT_LEASE_MS = 9_000
 
 /** Starts the heartbeat in the current scope. */
 export const make = (options: {
@@ -56,12 +61,22 @@ export const make = (options: {
       return Effect.all([...extend, ...again], { concurrency: "unbounded", discard: true })
     })
 
-    const beatEvery = Duration.millis(Math.max(1, Math.floor(leaseMs / 3)))
-    yield* Effect.suspend(() =>
-      held.size === 0 && retries.length === 0
-        ? Queue.take(beat)
-        : Effect.andThen(Effect.sleep(beatEvery), heartbeat)
-    ).pipe(Effect.forever, Effect.forkScoped)
+    const beatMs = Math.max(1, Math.floor(leaseMs / 3))
+    const clock = yield* Clock.Clock
+    /** When the next beat is due (fixed rate while something is held); null while idle. */
+    let due: number | null = null
+    yield* Effect.suspend(() => {
+      if (held.size === 0 && retries.length === 0) {
+        due = null
+        return Queue.take(beat)
+      }
+      const now = clock.currentTimeMillisUnsafe()
+      // The first beat comes one period after the loop wakes; later ones keep the rate whatever a beat took.
+      due = due === null ? now + beatMs : due
+      const wait = Math.max(0, due - now)
+      due = Math.max(due, now) + beatMs
+      return Effect.andThen(Effect.sleep(Duration.millis(wait)), heartbeat)
+    }).pipe(Effect.forever, Effect.forkScoped)
 
     const leases: RedisLeases = {
       hold: (modelId, leaseId) => {
