@@ -4,13 +4,13 @@
  * belongs to the credential's actor (`Credentials.ts`).
  *
  * Live settings: the provider catalog (`providers.<id>` enable, base URLs, regions), `max_per_provider`,
- * `fallback_default_on` and `rate_limit_rpm` are re-read from the config file with the model catalog (every
- * `catalog_reload_seconds`); an invalid `byok` section is refused and the previous settings stay. The switch, the
+ * `fallback_default_on` and `rate_limit_rpm` are taken from each changed version of the config file, as the config
+ * file watcher hands it over (`config/Live.ts` `ConfigFile`); an invalid `byok` section is refused and the
+ * previous settings stay. The switch, the
  * sealing key, the guard's allow-lists, timeouts and cache lifetimes are read at boot.
  */
-import { Context, Duration, Effect, Layer, Schedule } from "effect"
-import { readByokSection } from "../config/GatewayConfig.js"
-import { fileStamp, Settings } from "../config/Live.js"
+import { Context, Effect, Layer } from "effect"
+import { ConfigFile, type FileRead, sectionOf, Settings } from "../config/Live.js"
 import type { AddressGuard, GuardOptions } from "./AddressGuard.js"
 import { type ByokConfig, decodeByokConfig } from "../config/Byok.js"
 import { type ByokSwitch, resolveByok } from "./Switch.js"
@@ -42,15 +42,12 @@ export const make = (extra: GuardExtras = {}) => Effect.gen(function*() {
   /** The live parts as last taken (the boot config may carry the env key: never compared). */
   const comparable = ({ encryption_key: _, ...rest }: ByokConfig) => JSON.stringify(rest)
   let seen = comparable(config)
-  let stamp = fileStamp(settings.path)
   /** Takes the live parts of a changed `byok` section; boot-time parts keep their boot values. */
-  const reload = Effect.suspend(() => {
-    const now = fileStamp(settings.path)
-    if (now === null || now === stamp) return Effect.void
-    stamp = now
+  const onRead = (read: FileRead): Effect.Effect<void> => {
     let next: ByokConfig
     try {
-      next = decodeByokConfig(readByokSection(settings.path))
+      if (read._tag === "Unparsable") throw new Error(read.error)
+      next = decodeByokConfig(sectionOf(read.raw, "byok"))
     } catch (error) {
       const why = (error as Error).message.slice(0, 500)
       return Effect.logWarning("byok settings reload rejected; keeping the previous ones").pipe(Effect.annotateLogs({ why }))
@@ -69,11 +66,8 @@ export const make = (extra: GuardExtras = {}) => Effect.gen(function*() {
     return Effect.logInfo("byok provider catalog reloaded").pipe(
       Effect.annotateLogs({ providers: catalog.providers.map((p) => p.id).join(",") })
     )
-  })
-  yield* reload.pipe(
-    Effect.repeat(Schedule.spaced(Duration.seconds(settings.config.catalog_reload_seconds))),
-    Effect.forkScoped
-  )
+  }
+  yield* Effect.flatMap(ConfigFile, (file) => file.subscribe(onRead))
   return Byok.of({
     get config() {
       return live

@@ -439,16 +439,6 @@ export const decodeLayered = (raw: unknown, path: string, env2: NodeJS.ProcessEn
   return decodeGatewayConfig(doc, path)
 }
 
-/** One top-level section of a config file as written (for live reloads); `{}` when absent. */
-export const readConfigSection = (path: string, name: string): unknown => {
-  const raw = parseYaml(Fs.readFileSync(path, "utf8"), path)
-  const section = typeof raw === "object" && raw !== null ? (raw as Record<string, unknown>)[name] : undefined
-  return section ?? {}
-}
-
-/** The `byok` section of a config file as written (decoded by `config/Byok.ts`); `{}` when absent. */
-export const readByokSection = (path: string): unknown => readConfigSection(path, "byok")
-
 export const readCatalogFile = (path: string): Catalog => {
   const text = Fs.readFileSync(path, "utf8")
   return decodeCatalog(parseYaml(text, path), path)

@@ -1,20 +1,10 @@
-import { Context, Duration, Effect, Layer, Redacted, Schedule, Stream, SubscriptionRef } from "effect"
+import { Context, Duration, Effect, Layer, Redacted, Schedule, Semaphore, Stream, SubscriptionRef } from "effect"
 import * as Crypto from "node:crypto"
 import * as Fs from "node:fs"
 import { BodyLimits } from "../http/Body.js"
 import * as Sealer from "../store/Sealer.js"
 import type { Catalog, GatewayConfig, ModelConfig, PlanConfig } from "./GatewayConfig.js"
 import { decodeCatalog, decodeLayered, parseYaml } from "./GatewayConfig.js"
-
-/** Modification time and size of the config file; null when it cannot be read. */
-export const fileStamp = (path: string): string | null => {
-  try {
-    const stat = Fs.statSync(path)
-    return `${stat.mtimeMs}:${stat.size}`
-  } catch {
-    return null
-  }
-}
 
 /** Static settings decided at boot. */
 export class Settings extends Context.Service<Settings, {
@@ -51,13 +41,72 @@ export class LiveCatalog extends Context.Service<LiveCatalog, {
   readonly reload: Effect.Effect<boolean>
 }>()("wellspring/config/LiveCatalog") {}
 
-const fingerprint = (path: string): string | null => {
+/** What one poll of the config file read: the parsed document, or why it could not be parsed. */
+export type FileRead =
+  | { readonly _tag: "Parsed"; readonly raw: unknown }
+  | { readonly _tag: "Unparsable"; readonly error: string }
+
+/**
+ * The config file after boot: the one poller of it. Every `catalog_reload_seconds` (on the Effect clock) it
+ * compares the file's fingerprint (mtime, size, content hash); on a change it parses the file once and hands the
+ * result to every listener, in the order they subscribed (the catalog first, then `byok` and `images`).
+ */
+export class ConfigFile extends Context.Service<ConfigFile, {
+  readonly path: string
+  /** Adds a listener, run after each change of the file with what was read. */
+  readonly subscribe: (listener: (read: FileRead) => Effect.Effect<void>) => Effect.Effect<void>
+  /** Checks the file now (the background poll does the same); listeners run when it changed. */
+  readonly poll: Effect.Effect<void>
+}>()("wellspring/config/ConfigFile") {}
+
+/** The file's bytes and fingerprint; null when it cannot be read. */
+const readStamped = (path: string): { readonly text: string; readonly print: string } | null => {
   try {
     const stat = Fs.statSync(path)
-    return `${stat.mtimeMs}:${stat.size}:${Crypto.createHash("sha1").update(Fs.readFileSync(path)).digest("hex")}`
+    const bytes = Fs.readFileSync(path)
+    const hash = Crypto.createHash("sha1").update(bytes).digest("hex")
+    return { text: bytes.toString("utf8"), print: `${stat.mtimeMs}:${stat.size}:${hash}` }
   } catch {
     return null
   }
+}
+
+/** Starts polling `path` every `every` in the current scope. */
+export const makeConfigFile = (path: string, every: Duration.Input) =>
+  Effect.gen(function*() {
+    let seen = readStamped(path)?.print ?? null
+    const listeners: Array<(read: FileRead) => Effect.Effect<void>> = []
+    // One poll at a time: an explicit poll returns after the listeners have seen the change.
+    const lock = yield* Semaphore.make(1)
+    const poll = lock.withPermit(Effect.suspend(() => {
+      const stamped = readStamped(path)
+      if (stamped === null || stamped.print === seen) return Effect.void
+      seen = stamped.print
+      let read: FileRead
+      try {
+        read = { _tag: "Parsed", raw: parseYaml(stamped.text, path) }
+      } catch (error) {
+        read = { _tag: "Unparsable", error: (error as Error).message }
+      }
+      return Effect.forEach(listeners, (listener) => listener(read), { discard: true })
+    }))
+    yield* poll.pipe(Effect.repeat(Schedule.spaced(every)), Effect.forkScoped)
+    return ConfigFile.of({ path, subscribe: (listener) => Effect.sync(() => void listeners.push(listener)), poll })
+  })
+
+/** The file watcher of `Settings.path`, for layers that build the live sections without `layer` below. */
+export const layerConfigFile = Layer.effect(
+  ConfigFile,
+  Effect.flatMap(
+    Settings,
+    (settings) => makeConfigFile(settings.path, Duration.seconds(settings.config.catalog_reload_seconds))
+  )
+)
+
+/** One top-level section of a parsed config file as written; `{}` when absent. */
+export const sectionOf = (raw: unknown, name: string): unknown => {
+  const section = typeof raw === "object" && raw !== null ? (raw as Record<string, unknown>)[name] : undefined
+  return section ?? {}
 }
 
 /** Parts of the `byok` section that `byok/Byok.ts` takes live; the rest of it is read at boot only. */
@@ -87,28 +136,30 @@ export const bootOnlySections = (config: GatewayConfig): ReadonlyMap<string, str
   return sections
 }
 
-/** The whole file decoded as at boot (file, then the environment); throws ConfigLoadError. */
-const readWhole = (path: string, env: NodeJS.ProcessEnv) => {
-  const raw = parseYaml(Fs.readFileSync(path, "utf8"), path)
-  return { catalog: decodeCatalog(raw, path), config: () => decodeLayered(raw, path, env) }
-}
+/** A parsed file decoded as at boot (file, then the environment); throws ConfigLoadError. */
+const decodeWhole = (raw: unknown, path: string, env: NodeJS.ProcessEnv) => ({
+  catalog: decodeCatalog(raw, path),
+  config: () => decodeLayered(raw, path, env)
+})
 
 /**
- * Polls the config file every `catalog_reload_seconds` (on the Effect clock, so TestClock drives it).
- * A changed file is validated whole, as a restart would read it: when valid, its catalog replaces the current one;
- * when not (in the catalog or anywhere else), the previous catalog stays and the log says why. A changed
- * boot-only section (listeners, limits, plans, ...) is logged as taking effect only at the next restart.
+ * The live catalog, fed by the config file watcher. A changed file is validated whole, as a restart would read it:
+ * when valid, its catalog replaces the current one; when not (in the catalog or anywhere else), the previous
+ * catalog stays and the log says why. A changed boot-only section (listeners, limits, plans, ...) is logged as
+ * taking effect only at the next restart. `reload` polls the file now and says whether its current version was
+ * accepted.
  */
-export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.Input, env: NodeJS.ProcessEnv = process.env) =>
+export const makeLiveCatalogOn = (file: ConfigFile["Service"], initial: Catalog, env: NodeJS.ProcessEnv = process.env) =>
   Effect.gen(function*() {
+    const path = file.path
     let view = indexCatalog(initial, 1)
-    let seen = fingerprint(path)
+    let accepted = true
     let lastRejection = ""
     let lastPending = ""
     /** The boot-only sections as the process started with them (null if the file could not be read then). */
     let booted: ReadonlyMap<string, string> | null = null
     try {
-      booted = bootOnlySections(readWhole(path, env).config())
+      booted = bootOnlySections(decodeWhole(parseYaml(Fs.readFileSync(path, "utf8"), path), path, env).config())
     } catch {
       // Compared from the first valid reload on.
     }
@@ -118,15 +169,14 @@ export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.
         ? Effect.void
         : Effect.logWarning(message).pipe(Effect.annotateLogs({ why }))
       lastRejection = why
-      return Effect.as(log, false)
+      accepted = false
+      return log
     }
-    const reload = Effect.suspend(() => {
-      const print = fingerprint(path)
-      if (print === null || print === seen) return Effect.succeed(true)
-      seen = print
-      let whole: ReturnType<typeof readWhole>
+    const onRead = (read: FileRead): Effect.Effect<void> => {
+      if (read._tag === "Unparsable") return reject("catalog reload rejected; keeping previous catalog", read.error)
+      let whole: ReturnType<typeof decodeWhole>
       try {
-        whole = readWhole(path, env)
+        whole = decodeWhole(read.raw, path, env)
       } catch (error) {
         return reject("catalog reload rejected; keeping previous catalog", (error as Error).message)
       }
@@ -150,17 +200,25 @@ export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.
       const next = indexCatalog(whole.catalog, view.version + 1)
       view = next
       lastRejection = ""
+      accepted = true
       return SubscriptionRef.set(ref, next).pipe(
         Effect.andThen(Effect.logInfo("catalog reloaded").pipe(
           Effect.annotateLogs({ version: next.version, models: next.catalog.models.length })
         )),
-        Effect.andThen(warnPending),
-        Effect.as(true)
+        Effect.andThen(warnPending)
       )
+    }
+    yield* file.subscribe(onRead)
+    return LiveCatalog.of({
+      current: () => view,
+      changes: SubscriptionRef.changes(ref),
+      reload: Effect.andThen(file.poll, Effect.sync(() => accepted))
     })
-    yield* reload.pipe(Effect.repeat(Schedule.spaced(every)), Effect.forkScoped)
-    return LiveCatalog.of({ current: () => view, changes: SubscriptionRef.changes(ref), reload })
   })
+
+/** A watcher of `path` and the live catalog on it (tests build the catalog alone with this). */
+export const makeLiveCatalog = (path: string, initial: Catalog, every: Duration.Input, env: NodeJS.ProcessEnv = process.env) =>
+  Effect.flatMap(makeConfigFile(path, every), (file) => makeLiveCatalogOn(file, initial, env))
 
 const KEY_FILE = "encryption.key"
 const KEY_NAME = "encryption_key"
@@ -188,10 +246,14 @@ export const makeSettings = (config: GatewayConfig, path: string): Context.Servi
   planFor: (name) => config.plans[name ?? config.default_plan] ?? config.plans[config.default_plan]!
 })
 
+/** Settings, the HTTP kit's body bounds (`limits`, read at boot), the config file watcher and the live catalog. */
 export const layer = (config: GatewayConfig, path: string) =>
   Layer.mergeAll(
     Layer.sync(Settings, () => makeSettings(config, path)),
-    // The HTTP kit's body bounds, from `limits` (read at boot).
     Layer.succeed(BodyLimits, config.limits),
-    Layer.effect(LiveCatalog, makeLiveCatalog(path, config.catalog, Duration.seconds(config.catalog_reload_seconds)))
+    Layer.effectContext(Effect.gen(function*() {
+      const file = yield* makeConfigFile(path, Duration.seconds(config.catalog_reload_seconds))
+      const catalog = yield* makeLiveCatalogOn(file, config.catalog)
+      return Context.make(ConfigFile, file).pipe(Context.add(LiveCatalog, catalog))
+    }))
   )

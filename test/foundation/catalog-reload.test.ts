@@ -7,7 +7,7 @@ import * as Path from "node:path"
 import { afterAll, beforeAll } from "vitest"
 import * as Yaml from "yaml"
 import { decodeCatalog } from "../../src/config/GatewayConfig.js"
-import { LiveCatalog, makeLiveCatalog } from "../../src/config/Live.js"
+import { type FileRead, LiveCatalog, makeConfigFile, makeLiveCatalog, makeLiveCatalogOn } from "../../src/config/Live.js"
 import { authed, type ConfigDoc, defaultConfigDoc, startGateway, type TestGateway } from "../support/Gateway.js"
 
 const tmp = Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-reload-"))
@@ -51,6 +51,40 @@ const model = (view: { byId: ReadonlyMap<string, { rate_limit_rpm: number; max_i
   view.byId.get(id)!
 
 describe("live catalog reload (TestClock)", () => {
+  it.effect("one watcher: each change is parsed once and every listener gets that document, the catalog first", () => {
+    const f = fixture()
+    return Effect.gen(function*() {
+      const file = yield* makeConfigFile(f.file, "5 seconds")
+      const order: Array<string> = []
+      const live = yield* makeLiveCatalogOn(file, f.initial)
+      const seen: Array<FileRead> = []
+      yield* file.subscribe((read) => Effect.sync(() => {
+        order.push(`listener at catalog version ${live.current().version}`)
+        seen.push(read)
+      }))
+      yield* file.subscribe((read) => Effect.sync(() => void seen.push(read)))
+      yield* TestClock.adjust("1 second")
+      expect(seen).toHaveLength(0) // unchanged since boot
+
+      f.edit((d) => (d.catalog.models[0].rate_limit_rpm = 5))
+      yield* TestClock.adjust("5 seconds")
+      expect(seen).toHaveLength(2)
+      expect(seen[0]).toBe(seen[1]) // the same parsed document, not two reads
+      expect(seen[0]!._tag).toBe("Parsed")
+      expect(order).toEqual(["listener at catalog version 2"])
+
+      // Unchanged: nobody is called again, by the background poll or by an explicit one.
+      yield* TestClock.adjust("15 seconds")
+      yield* file.poll
+      expect(seen).toHaveLength(2)
+
+      f.writeRaw("catalog: [unclosed")
+      expect(yield* live.reload).toBe(false)
+      expect(seen.slice(2).map((r) => r._tag)).toEqual(["Unparsable", "Unparsable"])
+      expect(yield* live.reload).toBe(false) // still the current version's verdict
+    }).pipe(Effect.provide(f.withLogger))
+  })
+
   it.effect("a changed rate_limit_rpm, max_input_tokens, cap or disabled applies after one period, not before", () => {
     const f = fixture()
     return Effect.gen(function*() {

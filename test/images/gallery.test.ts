@@ -15,6 +15,7 @@ import { afterAll, beforeAll } from "vitest"
 import { AccountsRepo } from "../../src/accounts/AccountsRepo.js"
 import { type GalleryEntry, ImageGallery } from "../../src/images/Contracts.js"
 import * as LiveImages from "../../src/images/LiveConfig.js"
+import { layerConfigFile } from "../../src/config/Live.js"
 import * as Gallery from "../../src/images/Gallery.js"
 import { GalleryRepo } from "../../src/images/Gallery.js"
 import { DEFAULT_PRESET } from "../../src/images/Presets.js"
@@ -44,7 +45,7 @@ for (const backend of backends(postgres)) {
     beforeAll(async () => {
       const opened = await backend.open()
       close = opened.close
-      runtime = ManagedRuntime.make(Layer.provideMerge(Gallery.layer, Layer.provideMerge(LiveImages.layer, opened.layer)))
+      runtime = ManagedRuntime.make(Layer.provideMerge(Gallery.layer, Layer.provideMerge(LiveImages.layer, Layer.provideMerge(layerConfigFile, opened.layer))))
       await runtime.runPromise(Effect.void)
     })
     afterAll(async () => {
