@@ -6,6 +6,7 @@ import { randomUUID } from "node:crypto"
 import { Settings } from "../config/Live.js"
 import { AuthMessages, fail, type GatewayError } from "../errors/Catalog.js"
 import * as ClientAddress from "../http/ClientAddress.js"
+import * as Batcher from "../runtime/Batcher.js"
 import { MAX_TRACKED_KEYS } from "../runtime/RateWindow.js"
 import { CurrentTelemetry } from "../telemetry/Telemetry.js"
 import * as FailedAuth from "./FailedAuth.js"
@@ -27,6 +28,9 @@ interface CacheEntry {
 
 /** A key's `last_used_at` is written at most this often per replica. */
 const TOUCH_EVERY_MS = 60_000
+/** Stamps per write, and stamps kept while the database is away (one per key per minute at most). */
+const TOUCH_BATCH = 1000
+const MAX_PENDING_TOUCHES = 100_000
 
 /** Longest session token we bother hashing; real tokens are 48 base62 characters. */
 export const MAX_SESSION_TOKEN_LENGTH = 256
@@ -130,7 +134,6 @@ export const make = Effect.gen(function*() {
     }
     unknownSessions.set(hash, now + Invalidation.NEGATIVE_TTL_MS)
   }
-  let pendingTouches: Array<{ keyId: number; at: Date }> = []
 
   /**
    * Bumped by every invalidation, local or announced. A lookup that started before an invalidation may have read
@@ -193,24 +196,21 @@ export const make = Effect.gen(function*() {
     )
   }
 
-  const flushTouches = Effect.suspend(() => {
-    const batch = pendingTouches
-    pendingTouches = []
-    return store.touchKeys(batch)
+  // Last-used stamps: batched, 5 s after the first; a failed write (database briefly down) is retried.
+  const touches = yield* Batcher.queue<{ readonly keyId: number; readonly at: Date }>({
+    label: "key last-used stamps",
+    interval: Duration.seconds(5),
+    batchSize: TOUCH_BATCH,
+    maxPending: MAX_PENDING_TOUCHES,
+    write: (batch) => store.touchKeys(batch)
   })
-  // A failed write (database briefly down) must not end the loop: later stamps would never be written.
-  yield* flushTouches.pipe(
-    Effect.catchCause((cause) => Effect.logWarning("key last-used stamps not written", cause)),
-    Effect.repeat(Schedule.spaced(Duration.seconds(5))),
-    Effect.forkScoped
-  )
-  yield* Effect.addFinalizer(() => flushTouches)
+  const flushTouches = touches.flush
 
   const touch = (key: KeyRow, now: number) => {
     const last = lastTouch.get(key.id) ?? (key.last_used_at ? key.last_used_at.getTime() : 0)
     if (now - last < TOUCH_EVERY_MS) return
     lastTouch.set(key.id, now)
-    pendingTouches.push({ keyId: key.id, at: new Date(now) })
+    touches.add({ keyId: key.id, at: new Date(now) })
   }
 
   /** 429 for a refused address; a warning at most once a minute per address (the address is normalized, never header text). */

@@ -16,11 +16,12 @@
  * rejection is obeyed by the rejecting replica at once and written by a fiber of this service, so the answer to
  * the client never waits on the database.
  */
-import { Clock, Context, Duration, Effect, Exit, Layer, Schedule, type Scope } from "effect"
+import { Clock, Context, Duration, Effect, Exit, Layer, type Scope } from "effect"
 import { Auth } from "../auth/Auth.js"
 import { POSITIVE_TTL_MS } from "../auth/Invalidation.js"
 import { AccountMessages, fail, type GatewayError } from "../errors/Catalog.js"
 import * as Actors from "../runtime/Actors.js"
+import * as Batcher from "../runtime/Batcher.js"
 import type { UpstreamAdapter } from "../upstream/Upstream.js"
 import { Byok } from "./Byok.js"
 import { type CredentialRow, CredentialsRepo } from "./CredentialsRepo.js"
@@ -184,25 +185,22 @@ export const make: Effect.Effect<Context.Service.Shape<typeof Credentials>, neve
     }
 
     const lastTouch = new Map<number, number>()
-    let pendingTouches: Array<{ id: number; at: Date }> = []
+    // Last-used stamps: batched, TOUCH_FLUSH_MS after the first; a failed write is retried.
+    const touches = yield* Batcher.queue<{ readonly id: number; readonly at: Date }>({
+      label: "BYOK last-used stamps",
+      interval: Duration.millis(TOUCH_FLUSH_MS),
+      batchSize: 1000,
+      maxPending: 100_000,
+      write: (batch) => repo.touch(batch)
+    })
     const touch = (row: CredentialRow, now: number) => {
       const last = lastTouch.get(row.id) ?? (row.last_used_at ? row.last_used_at.getTime() : 0)
       if (now - last < TOUCH_EVERY_MS) return
       if (lastTouch.size >= MAX_CACHED_ACCOUNTS * 4) lastTouch.clear()
       lastTouch.set(row.id, now)
-      pendingTouches.push({ id: row.id, at: new Date(now) })
+      touches.add({ id: row.id, at: new Date(now) })
     }
-    const flushTouches = Effect.suspend(() => {
-      const batch = pendingTouches
-      pendingTouches = []
-      return repo.touch(batch)
-    })
-    yield* flushTouches.pipe(
-      Effect.catchCause((cause) => Effect.logWarning("BYOK last-used stamps not written", cause)),
-      Effect.repeat(Schedule.spaced(Duration.millis(TOUCH_FLUSH_MS))),
-      Effect.forkScoped
-    )
-    yield* Effect.addFinalizer(() => Effect.ignore(flushTouches))
+    const flushTouches = touches.flush
 
     const missing = (detail: string) => fail("byok_credential_missing", { message: AccountMessages.byokNoCredential, detail })
 
@@ -353,7 +351,7 @@ export const make: Effect.Effect<Context.Service.Shape<typeof Credentials>, neve
         Effect.orDie(ask<ReadonlyArray<ModelListItem> | null>(accountId, id, (reply) => ({ _tag: "CachedModels", reply }))),
       verified: (accountId, id, models) =>
         Effect.asVoid(Effect.orDie(ask<boolean>(accountId, id, (reply) => ({ _tag: "Verified", models, reply })))),
-      flushTouches: Effect.ignore(flushTouches)
+      flushTouches
     })
   })
 

@@ -6,13 +6,14 @@
  * - Redis: Redis is the truth; this snapshots the pools and totals the replica touched, so a Redis that lost
  *   its keys can be rebuilt from PostgreSQL.
  *
- * One shape for both: a change calls `signal`; the loop sleeps only while something is pending, waits `interval`
- * after the first signal (so a burst of changes becomes one batch), then `flush`es. `flush` takes what changed
- * (the backend's `take`, which clears its marks), reads the rows, writes them, and on any failure hands the marks
- * back (`failed`) and logs; the next signal retries. Flushes are serialized and uninterruptible (marks are
- * cleared before the write, so a flush must not stop half way); the scope's close runs a last flush.
+ * One shape for both, on the one batched writer (`runtime/Batcher.ts`): a change calls `signal`; the writer sleeps
+ * only while nothing is pending, waits `interval` after the first signal (so a burst of changes becomes one batch),
+ * then flushes. A flush takes what changed (the backend's `take`, which clears its marks), reads the rows, writes
+ * them, and on any failure (or interruption) hands the marks back (`failed`), logs, and retries `interval` later.
+ * Flushes are serialized; the scope's close runs a last flush.
  */
-import { type Duration, Effect, Queue, Semaphore } from "effect"
+import { type Duration, Effect, type Scope } from "effect"
+import * as Batcher from "../runtime/Batcher.js"
 import type { AccountWindows, DailyUsageRow, QuotaRepo } from "./QuotaRepo.js"
 
 export interface Batch {
@@ -40,56 +41,27 @@ export interface WriteBehindOptions<E> {
   readonly take: () => Taken<E> | undefined
 }
 
-export interface WriteBehind {
-  /** Something changed: a flush follows within `interval`. Safe to call from synchronous code. */
-  readonly signal: () => void
-  /** Writes what is pending now. Never fails (failures are logged and retried). */
-  readonly flush: Effect.Effect<void>
-}
+/** `signal` a change; `flush` writes what is pending now (never fails). */
+export type WriteBehind = Batcher.Batcher
 
 /**
- * Starts the loop in the current scope and registers the final flush as a finalizer: create it before anything
+ * Starts the writer in the current scope and registers the final flush as a finalizer: create it before anything
  * whose own finalizers still produce changes (the memory backend's actors), so it runs after them.
  */
-export const make = <E>(options: WriteBehindOptions<E>) =>
-  Effect.gen(function*() {
-    const { repo } = options
-    const wake = yield* Queue.sliding<void>(1)
-    const lock = yield* Semaphore.make(1)
-
-    const flush: Effect.Effect<void> = lock.withPermits(1)(Effect.suspend(() => {
+export const make = <E>(options: WriteBehindOptions<E>): Effect.Effect<WriteBehind, never, Scope.Scope> =>
+  Batcher.make({
+    label: `quota ${options.label}`,
+    interval: options.interval,
+    take: () => {
       const taken = options.take()
-      if (taken === undefined) return Effect.void
-      return taken.rows.pipe(
-        Effect.flatMap((batch) =>
+      if (taken === undefined) return undefined
+      return {
+        write: Effect.flatMap(taken.rows, (batch) =>
           batch.accounts.length === 0 && batch.daily.length === 0
             ? Effect.void
-            : Effect.andThen(repo.saveAccounts(batch.accounts), repo.saveDaily(batch.daily))
-        ),
-        Effect.matchCauseEffect({
-          onSuccess: () => Effect.sync(taken.written),
-          onFailure: (cause) =>
-            Effect.andThen(
-              Effect.sync(taken.failed),
-              Effect.logWarning(`quota ${options.label} to PostgreSQL failed; will retry`, cause)
-            )
-        })
-      )
-    })).pipe(Effect.uninterruptible)
-
-    yield* Effect.addFinalizer(() => flush)
-    yield* Queue.take(wake).pipe(
-      Effect.andThen(Effect.sleep(options.interval)),
-      Effect.andThen(flush),
-      Effect.forever,
-      Effect.forkScoped
-    )
-
-    const writeBehind: WriteBehind = {
-      signal: () => {
-        Queue.offerUnsafe(wake, undefined)
-      },
-      flush
+            : Effect.andThen(options.repo.saveAccounts(batch.accounts), options.repo.saveDaily(batch.daily))),
+        written: taken.written,
+        failed: taken.failed
+      }
     }
-    return writeBehind
   })

@@ -1,6 +1,7 @@
 import { Context, Duration, Effect, Fiber, Layer, Schedule, Semaphore } from "effect"
 import { SqlClient } from "effect/sql"
 import { Settings } from "../config/Live.js"
+import * as Batcher from "../runtime/Batcher.js"
 import { type RequestRow, sanitizeRow } from "./RequestRow.js"
 
 const BLOCK = 1000
@@ -34,7 +35,7 @@ export const isRowRejection = (error: unknown): boolean => {
 export class RequestLog extends Context.Service<RequestLog, {
   /** Next request row id, without a database round trip (ids come in blocks of 1000). */
   readonly nextId: Effect.Effect<number>
-  /** Queues a row (bounded and cleaned first); written by the batch writer, never on the caller's path. */
+  /** Queues a row (bounded and cleaned first); written by the batched writer (`runtime/Batcher.ts`), never on the caller's path. */
   readonly record: (row: RequestRow) => void
   /** Writes everything queued so far (rows the database rejects are dropped; see `dropped`). */
   readonly flush: Effect.Effect<void>
@@ -79,28 +80,30 @@ export const make = Effect.gen(function*() {
 
   const nextId: Effect.Effect<number> = Effect.suspend(() => (next < end ? Effect.succeed(next++) : nextBlock))
 
-  let buffer: Array<RequestRow> = []
-  let droppedRows = 0
+  /** Rows `sanitizeRow` refused (unusable); the writer counts the ones the database refused. */
+  let unusable = 0
 
-  // Never called with no rows: a flush writes only a non-empty buffer, and a split halves two or more rows.
+  // Never called with no rows: the writer takes only non-empty batches, and a split halves two or more rows.
   const insert = (rows: ReadonlyArray<RequestRow>) =>
     sql`INSERT INTO request_log ${
       sql.insert(rows as unknown as readonly [Record<string, unknown>, ...Array<Record<string, unknown>>])
     } ON CONFLICT (id) DO NOTHING`.pipe(Effect.asVoid)
 
+  interface Rejected {
+    readonly row: RequestRow
+    readonly state: string
+  }
+
   /**
    * Writes the rows; when the database rejects the batch for its data, the batch is halved until each bad row
    * stands alone, and those rows go to `rejected` (a few extra inserts per bad row, never a retry loop).
-   * Any other failure (database unreachable) fails, and the caller keeps the rows for the next attempt.
+   * Any other failure (database unreachable) fails, and the writer keeps the rows for the next attempt.
    */
-  const insertOrSplit = (
-    rows: ReadonlyArray<RequestRow>,
-    rejected: Array<{ readonly id: number; readonly state: string }>
-  ): Effect.Effect<void, unknown> =>
+  const insertOrSplit = (rows: ReadonlyArray<RequestRow>, rejected: Array<Rejected>): Effect.Effect<void, unknown> =>
     insert(rows).pipe(Effect.catch((error) => {
       if (!isRowRejection(error)) return Effect.fail(error)
       if (rows.length === 1) {
-        rejected.push({ id: rows[0]!.id, state: sqlState(error)! })
+        rejected.push({ row: rows[0]!, state: sqlState(error)! })
         return Effect.void
       }
       const half = rows.length >>> 1
@@ -109,73 +112,38 @@ export const make = Effect.gen(function*() {
       )
     }))
 
-  // Flushes run one at a time, so a flush also waits for a batch another flush is writing
-  // ("everything queued so far" is in the database when it returns).
-  const writing = yield* Semaphore.make(1)
-
-  const flushOnce = Effect.suspend(() => {
-    if (buffer.length === 0) return Effect.void
-    const rows = buffer.splice(0, batch_size)
-    const rejected: Array<{ readonly id: number; readonly state: string }> = []
-    const reportRejected = Effect.suspend(() => {
-      if (rejected.length === 0) return Effect.void
-      droppedRows += rejected.length
-      // Once per batch: how many, which ids, and the database's reasons (never the row contents).
-      return Effect.logError(`request rows dropped: ${rejected.length} rejected by the database`).pipe(
-        Effect.annotateLogs({
-          ids: rejected.slice(0, 20).map((r) => r.id).join(","),
-          sqlstates: [...new Set(rejected.map((r) => r.state))].join(",")
-        })
-      )
-    })
-    const putBack = Effect.suspend(() => {
-      // Keep the rows not known to be bad for the next attempt (rows already written are skipped then by
-      // ON CONFLICT); past the bound the oldest go, and the log says how many.
-      const bad = new Set(rejected.map((r) => r.id))
-      buffer = (bad.size === 0 ? rows : rows.filter((r) => !bad.has(r.id))).concat(buffer)
-      const over = buffer.length - MAX_BUFFER
-      if (over <= 0) return Effect.void
-      buffer.splice(0, over)
-      droppedRows += over
-      return Effect.logError(`request rows dropped: ${over} (database unreachable, buffer full)`)
-    })
-    return insertOrSplit(rows, rejected).pipe(
-      Effect.onInterrupt(() => Effect.andThen(reportRejected, putBack)),
-      Effect.catch((error) =>
-        reportRejected.pipe(
-          Effect.andThen(putBack),
-          Effect.andThen(Effect.logWarning("request rows not written; will retry", error)),
-          Effect.andThen(Effect.fail(error))
+  // Rows already written when a batch is retried are skipped by ON CONFLICT.
+  const writer = yield* Batcher.queue<RequestRow>({
+    label: "request rows",
+    interval: Duration.millis(flush_ms),
+    batchSize: batch_size,
+    maxPending: MAX_BUFFER,
+    write: (rows, drop) => {
+      const rejected: Array<Rejected> = []
+      return insertOrSplit(rows, rejected).pipe(Effect.ensuring(Effect.suspend(() => {
+        if (rejected.length === 0) return Effect.void
+        for (const r of rejected) drop(r.row)
+        // Once per batch: how many, which ids, and the database's reasons (never the row contents).
+        return Effect.logError(`request rows dropped: ${rejected.length} rejected by the database`).pipe(
+          Effect.annotateLogs({
+            ids: rejected.slice(0, 20).map((r) => r.row.id).join(","),
+            sqlstates: [...new Set(rejected.map((r) => r.state))].join(",")
+          })
         )
-      ),
-      Effect.andThen(reportRejected)
-    )
+      })))
+    }
   })
-  const flushAll: Effect.Effect<void, unknown> = Effect.suspend(() =>
-    buffer.length === 0 ? Effect.void : flushOnce.pipe(Effect.andThen(flushAll))
-  )
-  const flush: Effect.Effect<void> = writing.withPermits(1)(flushAll).pipe(Effect.catch(() => Effect.void))
-
-  yield* flush.pipe(Effect.repeat(Schedule.spaced(Duration.millis(flush_ms))), Effect.forkScoped)
-  // On shutdown (after the HTTP server has stopped) whatever is queued is written; what cannot be is reported.
-  yield* Effect.addFinalizer(() =>
-    flush.pipe(Effect.andThen(Effect.suspend(() =>
-      buffer.length === 0
-        ? Effect.void
-        : Effect.logError(`request rows lost at shutdown: ${buffer.length} (database unreachable)`)
-    )))
-  )
 
   return RequestLog.of({
     nextId,
     record: (row) => {
       const clean = sanitizeRow(row)
-      if (clean === null) droppedRows++
-      else buffer.push(clean)
+      if (clean === null) unusable++
+      else writer.add(clean)
     },
-    flush,
-    pending: () => buffer.length,
-    dropped: () => droppedRows
+    flush: writer.flush,
+    pending: writer.pending,
+    dropped: () => unusable + writer.dropped()
   })
 })
 
