@@ -1,7 +1,7 @@
 /**
- * The one write-behind loop of both admission backends, on the TestClock with a recording repository: a change
- * is written one interval after the first signal (a burst is one batch), a failure hands the marks back and
- * the next signal retries, and closing the scope writes what is left.
+ * The write-behind of both admission backends (on the one batched writer, runtime/Batcher.ts), on the TestClock
+ * with a recording repository: a change is written one interval after the first signal (a burst is one batch), a
+ * failure hands the marks back and is retried, and closing the scope writes what is left.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Scope } from "effect"
