@@ -3,7 +3,7 @@ import { fail, type GatewayError } from "../errors/Catalog.js"
 import { Admission } from "../quota/Admission.js"
 
 /**
- * Account-endpoint rate limits, on the one rate-limit primitive (`quota/RateLimit.ts`, fixed windows) that the
+ * Account-endpoint rate limits, on the one rate-limit primitive (`quota/RateLimit.ts` over `runtime/RateWindow.ts`, fixed windows) that the
  * admission engine serves: in process in embedded mode, in Redis (shared by every replica) when Redis is configured.
  *
  * A limit is a name, a budget and a message; every endpoint that enforces the same limit shares its budget, per

@@ -4,7 +4,7 @@
  * key or session lookup; a key already in the positive key cache is still served (see `Auth.ts`). Once an address
  * has failed, its lookups under way count too, so concurrent guesses cannot overshoot the limit.
  *
- * Counting is the rate-limit primitive's sliding-window counter (`quota/RateLimit.ts`), at most `MAX_TRACKED_KEYS`
+ * Counting is the rate-limit primitive's sliding-window counter (`runtime/RateWindow.ts`), at most `MAX_TRACKED_KEYS`
  * addresses. In-process on purpose, like the per-key failed-request limit: the check runs on every request that
  * is not a cache hit, before any lookup, and a Redis round trip there would cost what it saves; each replica bounds
  * its own share (N replicas behind a balancer allow at most N × the limit per address).

@@ -70,7 +70,7 @@ export class Admission extends Context.Service<Admission, {
   readonly dailyUsage: (modelId: string) => Effect.Effect<number, GatewayError>
   /**
    * Fixed-window limiter for account endpoints (reveal, metrics, BYOK...): `RateLimiter.take` with
-   * `fixedWindow(max, windowSeconds)` (`RateLimit.ts`) on the backend's store, so it is shared by every replica
+   * `fixedWindow(max, windowSeconds)` (`runtime/RateWindow.ts`) on the backend's store, so it is shared by every replica
    * exactly when admission is. Callers use `accounts/Limits.ts` `enforce`.
    */
   readonly limit: (key: string, max: number, windowSeconds: number) => Effect.Effect<

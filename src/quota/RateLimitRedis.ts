@@ -1,5 +1,5 @@
 /**
- * `RateLimiter` over Redis: the window arithmetic of `RateLimit.ts` in one Lua script per call, so every replica
+ * `RateLimiter` over Redis: the window arithmetic of `runtime/RateWindow.ts` in one Lua script per call, so every replica
  * on the same Redis and key prefix shares the counts. Key: `<prefix>l:<key>`, a hash `s` (window start), `c`
  * (this window's count), `p` (previous window's count, sliding only), expiring when the key is forgotten.
  *
