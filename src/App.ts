@@ -42,6 +42,7 @@ import * as Tracing from "./telemetry/Tracing.js"
 import * as Upstreams from "./upstream/Upstreams.js"
 import * as HealthRedis from "./deployments/HealthRedis.js"
 import * as Router from "./deployments/Router.js"
+import { deploymentRoutes } from "./deployments/Routes.js"
 
 /** Inference API (`/v1/*`): one `HttpRouter.add` route layer per endpoint. */
 export const inferenceRouter = Layer.mergeAll(
@@ -204,7 +205,12 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
 export const appLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
   const services = servicesLayer(config, configPath, options)
   const server = Server.layer(
-    { inference: inferenceRouter, account: accountRouter, status: statusRouter, operator: operatorRouter },
+    {
+      inference: inferenceRouter,
+      account: accountRouter,
+      status: statusRouter,
+      operator: Layer.mergeAll(operatorRouter, deploymentRoutes)
+    },
     { everyListener: Health.routes }
   )
   return Layer.provideMerge(Layer.provideMerge(server, services), GatewayLogger.layer(options.logSink))
