@@ -57,7 +57,8 @@ export const make = (prefix: string, options: RouterOptions) =>
     }
     const router = yield* makeRouter({ ...options, share })
     const subscriber = yield* Effect.acquireRelease(
-      Effect.sync(() => client.duplicate()),
+      // A subscriber waits for its connection (and resubscribes after a reconnect) rather than failing fast.
+      Effect.sync(() => client.duplicate({ enableOfflineQueue: true, lazyConnect: false, commandTimeout: 2_000 })),
       (connection) => Effect.promise(() => connection.quit().then(() => undefined, () => connection.disconnect()))
     )
     subscriber.on("error", () => {})

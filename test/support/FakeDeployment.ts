@@ -38,7 +38,13 @@ export interface FakeDeployment {
 
 const USAGE = { prompt_tokens: 7, completion_tokens: 3, total_tokens: 10 }
 
-export const startFakeDeployment = async (name: string): Promise<FakeDeployment> => {
+/** Requests in flight across several fakes (the upstream side of a model's in-flight cap). */
+export interface SharedLoad {
+  inFlight: number
+  max: number
+}
+
+export const startFakeDeployment = async (name: string, shared?: SharedLoad): Promise<FakeDeployment> => {
   let requests = 0
   let inFlight = 0
   let maxInFlight = 0
@@ -113,11 +119,16 @@ export const startFakeDeployment = async (name: string): Promise<FakeDeployment>
       requests += 1
       inFlight += 1
       if (inFlight > maxInFlight) maxInFlight = inFlight
+      if (shared) {
+        shared.inFlight += 1
+        if (shared.inFlight > shared.max) shared.max = shared.inFlight
+      }
       let done = false
       const finish = () => {
         if (done) return
         done = true
         inFlight -= 1
+        if (shared) shared.inFlight -= 1
       }
       res.on("close", finish)
       let body: Record<string, unknown> = {}
