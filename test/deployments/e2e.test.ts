@@ -220,6 +220,25 @@ describe("deployments end to end (embedded)", () => {
     expect(ups[0]!.requests()).toBe(successes.filter((r) => r.attempts === 2).length)
   }, 60_000)
 
+  it("a catalog edit adds and removes deployments without a restart", async () => {
+    const ups = await fakes(["a", "b"])
+    const gw = await start({ configure: configure([ups[0]!]) })
+    await load(10, 1, () => chat(gw))
+    expect(ups[0]!.requests()).toBe(10)
+    gw.rewriteConfig((doc) => {
+      doc.catalog.providers.b = providerFor(ups[1]!)
+      const multi = doc.catalog.models.find((m: { id: string }) => m.id === "multi")
+      multi.deployments = [{ provider: "b", model: "b-model" }]
+    })
+    await eventually(async () => {
+      await chat(gw).then((r) => r.text())
+      return ups[1]!.requests() > 0
+    })
+    const before = ups[0]!.requests()
+    await load(20, 1, () => chat(gw))
+    expect(ups[0]!.requests()).toBe(before)
+  }, 60_000)
+
   it("the operator listener and deployments:list show each deployment's state", async () => {
     const ups = await fakes(["a", "b"])
     ups[0]!.mode = { _tag: "status", status: 503 }
