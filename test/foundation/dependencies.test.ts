@@ -233,6 +233,14 @@ describe("dependency direction in src/", () => {
     ])
   })
 
+  it("shared machinery is written once: one AES-GCM sealer, one reader of the config file's YAML", () => {
+    const files = listSources(SRC).map((full) => Path.relative(SRC, full).split(Path.sep).join("/"))
+    const using = (pattern: RegExp) =>
+      files.filter((path) => pattern.test(Fs.readFileSync(Path.join(SRC, path), "utf8"))).sort()
+    expect(using(/aes-\d+-gcm|createCipheriv|createDecipheriv/)).toEqual(["store/Sealer.ts"])
+    expect(using(/\bparseYaml\(|Yaml\.parse\(/).every((path) => path.startsWith("config/"))).toBe(true)
+  })
+
   it("auth never reaches accounts, and no module but App.ts imports a route module", () => {
     expect(violations(modules)).toEqual([])
   })
