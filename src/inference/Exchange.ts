@@ -469,6 +469,8 @@ export interface ExchangeRouteOptions {
   readonly modelId?: string
   /** What metrics and spans call the request (default `chat`). */
   readonly operation?: Operation
+  /** The key may come in `x-api-key` when there is no `Authorization` header (Anthropic clients). */
+  readonly xApiKey?: boolean
 }
 
 /**
@@ -492,7 +494,7 @@ export const exchangeRoute = <R>(
     return yield* handle(
       options.render,
       Effect.gen(function*() {
-        const caller = yield* auth.bearer(request)
+        const caller = yield* auth.bearer(request, options.xApiKey === true)
         yield* guardFailures(caller)
         const exchange = yield* Exchange.open(caller, log, options.operation)
         if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
