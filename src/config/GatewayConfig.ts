@@ -6,6 +6,7 @@ import { decodeKey32 } from "../auth/KeyMaterial.js"
 import { ByokConfig } from "../byok/Config.js"
 import { isRange } from "../http/ClientAddress.js"
 import { ImagesConfig } from "../images/Config.js"
+import { ResponsesConfig } from "../protocols/responses/Config.js"
 import { StatusConfig } from "../status/Config.js"
 import { ReasoningEffort } from "../wire/ChatSchemas.js"
 
@@ -266,6 +267,8 @@ export const GatewayConfig = Schema.Struct({
   images: ImagesConfig.pipe(withDefault(() => Schema.decodeSync(ImagesConfig)({}))),
   /** Public status resources and the status page (src/status/Config.ts). */
   status: StatusConfig.pipe(withDefault(() => Schema.decodeSync(StatusConfig)({}))),
+  /** Stored responses of the Responses API (src/protocols/responses/Config.ts). */
+  responses: ResponsesConfig.pipe(withDefault(() => Schema.decodeSync(ResponsesConfig)({}))),
   catalog: Catalog
 }).check(Schema.makeFilter((config) =>
   config.default_plan in config.plans
