@@ -26,6 +26,8 @@ import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
 import { listModels } from "./inference/ModelsRoute.js"
 import { openApiRoute } from "./inference/OpenApi.js"
+import { responsesRoutes } from "./protocols/responses/Route.js"
+import * as ResponseStore from "./protocols/responses/Store.js"
 import type { Admission } from "./quota/Admission.js"
 import * as AdmissionLayer from "./quota/layer.js"
 import * as Refresh from "./runtime/Refresh.js"
@@ -44,6 +46,7 @@ import * as Upstreams from "./upstream/Upstreams.js"
 /** Inference API (`/v1/*`): one `HttpRouter.add` route layer per endpoint. */
 export const inferenceRouter = Layer.mergeAll(
   chatCompletions,
+  responsesRoutes,
   embeddings,
   listModels,
   me,
@@ -161,6 +164,7 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     Layer.provide(Auth.layer, Layer.provideMerge(AccountsRepo.layer, base)),
     AccountsRepo.layer,
     RequestLog.layer,
+    ResponseStore.layer,
     FailedRequests.layer,
     upstreamsLayer,
     admission,
