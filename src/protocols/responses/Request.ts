@@ -54,7 +54,7 @@ export const BUILT_IN_TOOLS: ReadonlySet<string> = new Set([
 ])
 
 /** Input item types of the Responses API that the gateway does not take (named in the 400, as above). */
-const UNSUPPORTED_ITEMS: ReadonlySet<string> = new Set([
+export const UNSUPPORTED_ITEMS: ReadonlySet<string> = new Set([
   "item_reference",
   "file_search_call",
   "computer_call",
