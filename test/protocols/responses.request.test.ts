@@ -97,6 +97,28 @@ describe("Responses request mapping", () => {
     })
   })
 
+  it("reasoning attaches only to the assistant output right after it", () => {
+    const call = ok({
+      model: "m",
+      input: [
+        { type: "reasoning", summary: [{ type: "summary_text", text: "stale" }] },
+        { role: "user", content: "q" },
+        { role: "assistant", content: "a" },
+        { type: "reasoning", content: [{ type: "reasoning_text", text: "fresh" }] },
+        { type: "function_call", call_id: "c", name: "f", arguments: "{}" }
+      ]
+    })
+    expect(call.chat.messages).toEqual([
+      { role: "user", content: "q" },
+      {
+        role: "assistant",
+        content: "a",
+        reasoning: "fresh",
+        tool_calls: [{ id: "c", type: "function", function: { name: "f", arguments: "{}" } }]
+      }
+    ])
+  })
+
   it("tool options go upstream only with tools, and only when sent", () => {
     expect(ok({ model: "m", input: "x", tool_choice: "none" }).chat).not.toHaveProperty("tool_choice")
     const chat = ok({ model: "m", input: "x", tools: [{ type: "function", name: "f" }] }).chat

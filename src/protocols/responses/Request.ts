@@ -399,7 +399,7 @@ type MutableAssistant = { role: "assistant"; content: string | null; tool_calls?
 /**
  * Input items as chat messages. Consecutive assistant output (text, function calls, and the reasoning before
  * them) is one assistant message, as chat completions carries it; a function call's `call_id` is its tool call
- * id. Reasoning not followed by assistant output is dropped (chat has nowhere else to carry it). An assistant
+ * id. Reasoning not followed directly by assistant output is dropped (chat has nowhere else to carry it). An assistant
  * message with images keeps only its text (chat assistant content is text).
  */
 export const toMessages = (input: string | ReadonlyArray<InputItem>): Array<Message> => {
@@ -439,6 +439,7 @@ export const toMessages = (input: string | ReadonlyArray<InputItem>): Array<Mess
       }
       case "function_call_output":
         assistant = null
+        reasoning = ""
         out.push({
           role: "tool",
           tool_call_id: item.call_id,
@@ -457,6 +458,7 @@ export const toMessages = (input: string | ReadonlyArray<InputItem>): Array<Mess
           break
         }
         assistant = null
+        reasoning = ""
         const role = item.role === "developer" ? "system" : item.role
         out.push({ role, content: userContent(item.content) } as Message)
       }
