@@ -26,6 +26,7 @@ import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
 import { listModels } from "./inference/ModelsRoute.js"
 import { openApiRoute } from "./inference/OpenApi.js"
+import { countTokens, messages } from "./protocols/anthropic/Routes.js"
 import type { Admission } from "./quota/Admission.js"
 import * as AdmissionLayer from "./quota/layer.js"
 import * as Refresh from "./runtime/Refresh.js"
@@ -44,6 +45,8 @@ import * as Upstreams from "./upstream/Upstreams.js"
 /** Inference API (`/v1/*`): one `HttpRouter.add` route layer per endpoint. */
 export const inferenceRouter = Layer.mergeAll(
   chatCompletions,
+  messages,
+  countTokens,
   embeddings,
   listModels,
   me,

@@ -21,6 +21,12 @@ export interface Decoded {
   readonly request: ChatRequest
   /** Top-level fields the client sent that the gateway drops (named in `x-wellspring-ignored-fields`). */
   readonly ignored?: ReadonlyArray<string>
+  /**
+   * `request.reasoning_effort` is a preference (Anthropic's `thinking` budget, Responses' efforts): the pipeline
+   * replaces it with the model's nearest allowed effort (dropped when the model has none) instead of answering
+   * `invalid_reasoning_effort`.
+   */
+  readonly effortPreference?: boolean
 }
 
 /** What a successful answer carries besides its body. */
