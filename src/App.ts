@@ -24,7 +24,7 @@ import * as WorkerTokens from "./images/WorkerTokens.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
-import { listModels } from "./inference/ModelsRoute.js"
+import { listModels, retrieveModel } from "./inference/ModelsRoute.js"
 import { openApiRoute } from "./inference/OpenApi.js"
 import { countTokens, messages } from "./protocols/anthropic/Routes.js"
 import type { Admission } from "./quota/Admission.js"
@@ -49,6 +49,7 @@ export const inferenceRouter = Layer.mergeAll(
   countTokens,
   embeddings,
   listModels,
+  retrieveModel,
   me,
   usage,
   openApiRoute,

@@ -73,3 +73,24 @@ export interface WireCodec {
    */
   readonly completed?: (exchange: Exchange, answer: Answer) => Effect.Effect<void>
 }
+
+/** At most this many ignored field names go in the header. */
+export const MAX_IGNORED_NAMES = 16
+export const FIELD_NAME = /^[A-Za-z0-9_.-]{1,64}$/u
+
+/** The top-level fields dropped, names only (a name that is not a plain identifier is not echoed). */
+export const ignoredFields = (body: Record<string, unknown>, honoured: ReadonlySet<string>): Array<string> => {
+  const out: Array<string> = []
+  let unnamed = false
+  for (const key of Object.keys(body)) {
+    if (honoured.has(key)) continue
+    if (!FIELD_NAME.test(key)) {
+      unnamed = true
+      continue
+    }
+    if (out.length < MAX_IGNORED_NAMES) out.push(key)
+  }
+  if (unnamed) out.push("(unnamed)")
+  return out
+}
+

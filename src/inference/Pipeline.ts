@@ -44,8 +44,13 @@ export const adapterFor = (model: ModelConfig): Effect.Effect<UpstreamAdapter, U
     return yield* upstreams.get(model.route.provider)
   })
 
-/** The catalog model a client's `model` names: a model id, else an alias of one. */
-export const lookupModel = (catalog: CatalogView, id: string): ModelConfig | undefined => catalog.byId.get(id)
+/** The catalog model a client's `model` names: a model id, else an alias of one (`catalog.aliases`). */
+export const lookupModel = (view: CatalogView, id: string): ModelConfig | undefined => {
+  const model = view.byId.get(id)
+  if (model !== undefined) return model
+  const aliases = view.catalog.aliases
+  return Object.hasOwn(aliases, id) ? view.byId.get(aliases[id]!) : undefined
+}
 
 const EFFORT_RANK: ReadonlyArray<string> = ["none", "low", "high", "max"]
 

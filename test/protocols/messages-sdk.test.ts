@@ -204,7 +204,8 @@ describe("@anthropic-ai/sdk against /v1/messages", () => {
       max_tokens: 100,
       system: [{ type: "text", text: "Be brief." }],
       stop_sequences: ["END"],
-      temperature: 0.5,
+      // Typed out of SDK 1.14's params (newer models drop it); the API still takes it.
+      ...({ temperature: 0.5 } as object),
       tools: [weatherTool],
       tool_choice: { type: "tool", name: "get_weather", disable_parallel_tool_use: true },
       messages: [{ role: "user", content: [{ type: "text", text: "hi" }, { type: "image", source: { type: "base64", media_type: "image/png", data: "iVBORw0KGgo=" } }] }]

@@ -254,7 +254,7 @@ describe("Anthropic Messages wire", () => {
       body: JSON.stringify({ model: "ws-pro", messages: [{ role: "user", content: "x" }] })
     })
     expect(res.status).toBe(401)
-    expect((await res.json()).error.code).toBe("invalid_api_key")
+    expect(((await res.json()) as any).error.code).toBe("invalid_api_key")
   })
 
   it("bad bodies get invalid_request_error in Anthropic's envelope, with a Korean message naming the field", async () => {

@@ -18,7 +18,7 @@ import {
   STOP_SEQUENCES
 } from "../../inference/ChatRequest.js"
 import { exceedsJsonBounds, formatPath } from "../../inference/JsonGuard.js"
-import type { Decoded } from "../../inference/Codec.js"
+import { type Decoded, FIELD_NAME, ignoredFields } from "../../inference/Codec.js"
 import { Bounded, ID_CHARS, ToolName } from "../../wire/ChatSchemas.js"
 import { AnthropicMessages } from "./Messages.js"
 
@@ -115,26 +115,6 @@ const HONOURED = new Set([
   "thinking",
   "metadata"
 ])
-/** At most this many ignored field names go in the header. */
-export const MAX_IGNORED_NAMES = 16
-const FIELD_NAME = /^[A-Za-z0-9_.-]{1,64}$/u
-
-/** The top-level fields dropped, names only (a name that is not a plain identifier is not echoed). */
-export const ignoredFields = (body: Record<string, unknown>, honoured: ReadonlySet<string>): Array<string> => {
-  const out: Array<string> = []
-  let unnamed = false
-  for (const key of Object.keys(body)) {
-    if (honoured.has(key)) continue
-    if (!FIELD_NAME.test(key)) {
-      unnamed = true
-      continue
-    }
-    if (out.length < MAX_IGNORED_NAMES) out.push(key)
-  }
-  if (unnamed) out.push("(unnamed)")
-  return out
-}
-
 /** Block types of the Messages API the gateway cannot translate (documents, search results, server tools' blocks). */
 const SUPPORTED_BLOCKS = new Set(["text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking"])
 
