@@ -24,8 +24,9 @@ import * as WorkerTokens from "./images/WorkerTokens.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
-import { listModels } from "./inference/ModelsRoute.js"
+import { listModels, retrieveModel } from "./inference/ModelsRoute.js"
 import { openApiRoute } from "./inference/OpenApi.js"
+import { countTokens, messages } from "./protocols/anthropic/Routes.js"
 import { responsesRoutes } from "./protocols/responses/Route.js"
 import * as ResponseStore from "./protocols/responses/Store.js"
 import type { Admission } from "./quota/Admission.js"
@@ -46,9 +47,12 @@ import * as Upstreams from "./upstream/Upstreams.js"
 /** Inference API (`/v1/*`): one `HttpRouter.add` route layer per endpoint. */
 export const inferenceRouter = Layer.mergeAll(
   chatCompletions,
+  messages,
+  countTokens,
   responsesRoutes,
   embeddings,
   listModels,
+  retrieveModel,
   me,
   usage,
   openApiRoute,

@@ -4,9 +4,9 @@
  */
 import { Effect, Result } from "effect"
 import { renderInference } from "../errors/Render.js"
-import { decodeChatRequest } from "./ChatRequest.js"
+import { CHAT_FIELDS, decodeChatRequest } from "./ChatRequest.js"
 import { completionResponse, sseFraming } from "./ChatWire.js"
-import type { WireCodec } from "./Codec.js"
+import { ignoredFields, type WireCodec } from "./Codec.js"
 import { pipelineRoute } from "./Pipeline.js"
 import { PING_FRAME } from "./SseBody.js"
 
@@ -15,7 +15,10 @@ export const chatCodec: WireCodec = {
   render: renderInference,
   decode: (body, _exchange, limits) => {
     const decoded = decodeChatRequest(body, limits)
-    return Result.isFailure(decoded) ? Effect.fail(decoded.failure) : Effect.succeed({ request: decoded.success })
+    if (Result.isFailure(decoded)) return Effect.fail(decoded.failure)
+    // decodeChatRequest succeeded: `body` is an object.
+    const ignored = ignoredFields(body as Record<string, unknown>, CHAT_FIELDS)
+    return Effect.succeed(ignored.length > 0 ? { request: decoded.success, ignored } : { request: decoded.success })
   },
   answer: completionResponse,
   stream: sseFraming,

@@ -21,6 +21,12 @@ export interface Decoded {
   readonly request: ChatRequest
   /** Top-level fields the client sent that the gateway drops (named in `x-wellspring-ignored-fields`). */
   readonly ignored?: ReadonlyArray<string>
+  /**
+   * `request.reasoning_effort` is a preference (Anthropic's `thinking` budget, Responses' efforts): the pipeline
+   * replaces it with the model's nearest allowed effort (dropped when the model has none) instead of answering
+   * `invalid_reasoning_effort`.
+   */
+  readonly effortPreference?: boolean
 }
 
 /** What a successful answer carries besides its body. */
@@ -67,3 +73,24 @@ export interface WireCodec {
    */
   readonly completed?: (exchange: Exchange, answer: Answer) => Effect.Effect<void>
 }
+
+/** At most this many ignored field names go in the header. */
+export const MAX_IGNORED_NAMES = 16
+export const FIELD_NAME = /^[A-Za-z0-9_.-]{1,64}$/u
+
+/** The top-level fields dropped, names only (a name that is not a plain identifier is not echoed). */
+export const ignoredFields = (body: Record<string, unknown>, honoured: ReadonlySet<string>): Array<string> => {
+  const out: Array<string> = []
+  let unnamed = false
+  for (const key of Object.keys(body)) {
+    if (honoured.has(key)) continue
+    if (!FIELD_NAME.test(key)) {
+      unnamed = true
+      continue
+    }
+    if (out.length < MAX_IGNORED_NAMES) out.push(key)
+  }
+  if (unnamed) out.push("(unnamed)")
+  return out
+}
+

@@ -353,7 +353,15 @@ export class Exchange implements RowSource {
         : this.#timed(
           delivered ? "settle" : "refund",
           delivered
-            ? ticket.settle({ inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens })
+            ? ticket.settle(
+              usage.cached_tokens > 0
+                ? {
+                  inputTokens: usage.prompt_tokens,
+                  cachedInputTokens: usage.cached_tokens,
+                  outputTokens: usage.completion_tokens
+                }
+                : { inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens }
+            )
             : Effect.as(ticket.refund, null)
         )
       const error = completion.status === "failed" ? completion.error : undefined

@@ -20,7 +20,10 @@ import { readJsonWith } from "../http/Body.js"
 import { Admission } from "../quota/Admission.js"
 import { completeChat } from "../upstream/Complete.js"
 import { type UpstreamAdapter, type UpstreamError, type UpstreamRequest, Upstreams } from "../upstream/Upstream.js"
+import { isByokModel } from "../byok/Reference.js"
+import type { ReasoningEffort } from "../wire/ChatSchemas.js"
 import { runByok } from "./ByokRoute.js"
+import type { ChatRequest } from "./ChatRequest.js"
 import { type PoolChat, prepareForModel, prepareRequest } from "./ChatPrepare.js"
 import { accumulate, emptyAnswer, foldEvents, safeReceipt, settledHeaders, streamHeaders } from "./ChatWire.js"
 import type { Decoded, WireCodec } from "./Codec.js"
@@ -41,8 +44,47 @@ export const adapterFor = (model: ModelConfig): Effect.Effect<UpstreamAdapter, U
     return yield* upstreams.get(model.route.provider)
   })
 
-/** The catalog model a client's `model` names: a model id, else an alias of one. */
-export const lookupModel = (catalog: CatalogView, id: string): ModelConfig | undefined => catalog.byId.get(id)
+/** The catalog model a client's `model` names: a model id, else an alias of one (`catalog.aliases`). */
+export const lookupModel = (view: CatalogView, id: string): ModelConfig | undefined => {
+  const model = view.byId.get(id)
+  if (model !== undefined) return model
+  const aliases = view.catalog.aliases
+  return Object.hasOwn(aliases, id) ? view.byId.get(aliases[id]!) : undefined
+}
+
+const EFFORT_RANK: ReadonlyArray<string> = ["none", "low", "high", "max"]
+
+/**
+ * The allowed effort nearest to `wanted` (the higher one on a tie); undefined when the model allows none. An
+ * unknown `wanted` ranks as `high`.
+ */
+export const nearestEffort = (wanted: string, model: ModelConfig | undefined): ReasoningEffort | undefined => {
+  const allowed = model !== undefined && model.supports_reasoning ? model.reasoning_efforts : []
+  const exact = allowed.find((e) => e === wanted)
+  if (exact !== undefined) return exact
+  const rank = EFFORT_RANK.indexOf(wanted) === -1 ? 2 : EFFORT_RANK.indexOf(wanted)
+  let best: ReasoningEffort | undefined
+  let distance = Number.POSITIVE_INFINITY
+  for (const effort of allowed) {
+    const d = Math.abs(EFFORT_RANK.indexOf(effort) - rank)
+    if (d < distance || (d === distance && best !== undefined && EFFORT_RANK.indexOf(effort) > EFFORT_RANK.indexOf(best))) {
+      best = effort
+      distance = d
+    }
+  }
+  return best
+}
+
+/** The request with a preferred effort settled against its model (see `Decoded.effortPreference`). */
+const settleEffort = (decoded: Decoded, view: CatalogView): ChatRequest => {
+  const request = decoded.request
+  if (decoded.effortPreference !== true || request.reasoning_effort === undefined || isByokModel(request.model)) {
+    return request
+  }
+  const effort = nearestEffort(request.reasoning_effort, lookupModel(view, request.model))
+  const { reasoning_effort: _, ...rest } = request
+  return effort === undefined ? rest : { ...rest, reasoning_effort: effort }
+}
 
 /** Headers every success of this request carries besides the quota ones. */
 const extraHeaders = (decoded: Decoded): Record<string, string> =>
@@ -163,7 +205,7 @@ const run = (
       })
 
     const view = catalog.current()
-    const prepared = yield* prepareRequest(exchange, decoded.request, (id) => lookupModel(view, id))
+    const prepared = yield* prepareRequest(exchange, settleEffort(decoded, view), (id) => lookupModel(view, id))
     if (prepared._tag === "Pool") return yield* pooled(prepared)
     return yield* runByok(exchange, caller, prepared.reference, {
       attempt: (adapter, mapFailure) => respond(adapter, prepared.upstream, mapFailure),
