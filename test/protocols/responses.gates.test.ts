@@ -27,6 +27,7 @@ describe("Responses on the pipeline's gates", () => {
         addMockModel(doc, { id: "ws-rpm", baseUrl: mock.url, model: { rate_limit_rpm: 1 } })
         addMockModel(doc, { id: "ws-small", provider: "mock2", baseUrl: mock.url, model: { max_input_tokens: 60 } })
         doc.byok = { providers: { openai: { base_url: `${fake.origin}/v1` } } }
+        doc.catalog.aliases = { "gpt-5-codex": "ws-pro" }
       }
     })
   })
@@ -34,6 +35,21 @@ describe("Responses on the pipeline's gates", () => {
     await gw?.stop()
     await mock?.close()
     await fake?.close()
+  })
+
+  it("an alias (what Codex asks for) resolves to its catalog model, and Codex's default effort maps to it", async () => {
+    const u = await newUser(gw)
+    const r = await respond(u.key, { model: "gpt-5-codex", input: "Plan the change", reasoning: { effort: "medium" } })
+    expect(r.status, r.text).toBe(200)
+    expect(r.body.model).toBe("ws-pro")
+    expect(r.body.reasoning).toEqual({ effort: "medium", summary: null })
+    // ws-pro lists [none, low, high]: medium runs as low (12 words of simulated reasoning).
+    expect(r.body.output.map((item: any) => item.type)).toEqual(["reasoning", "message"])
+    expect(r.body.output[0].content[0].text.split(" ").length).toBeLessThan(30)
+    const refused = await respond(u.key, { model: "ws-lite", input: "x", reasoning: { effort: "high" } })
+    expect([refused.status, refused.body.error.code]).toEqual([400, "invalid_reasoning_effort"])
+    const dropped = await respond(u.key, { model: "ws-lite", input: "x", reasoning: { effort: "none" } })
+    expect(dropped.status).toBe(200)
   })
 
   it("RPM: the second request in the minute is 429 rate_limited with retry-after", async () => {
