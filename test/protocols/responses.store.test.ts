@@ -146,6 +146,10 @@ describe.each([
     const chain = await store((s) => s.chain(owner.id, `r3_${owner.id}`, now + 3, 10))
     expect(chain).toEqual({ _tag: "Found", messages: [...user("one"), ...user("two"), ...user("three")] })
     expect((await store((s) => s.chain(owner.id, `r3_${owner.id}`, now + 3, 2)))._tag).toBe("TooLong")
+    // Bounded within the queue too.
+    await link(`r4_${owner.id}`, `r3_${owner.id}`, "four", now + 3)
+    expect((await store((s) => s.chain(owner.id, `r4_${owner.id}`, now + 4, 1)))._tag).toBe("TooLong")
+    expect((await store((s) => s.chain(owner.id, `r4_${owner.id}`, now + 4, 4)))._tag).toBe("Found")
     expect((await store((s) => s.chain(owner.id, `r2_${owner.id}`, now + 3, 1)))._tag).toBe("TooLong")
     expect(await store((s) => s.chain(owner.id, `r2_${owner.id}`, now + 3, 2))).toEqual({
       _tag: "Found",

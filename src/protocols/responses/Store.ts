@@ -83,6 +83,8 @@ export const make = (config: ResponsesConfig) =>
     /** Queued rows by id, in insertion order (Map keeps it), until written. */
     const pending = new Map<string, Pending>()
     let pendingBytes = 0
+    /** Queued records dropped (queue over its bound) since the last flush reported them. */
+    let lost = 0
 
     const drop = (id: string) => {
       const entry = pending.get(id)
@@ -115,7 +117,6 @@ export const make = (config: ResponsesConfig) =>
       }
       return true
     }
-    let lost = 0
 
     const insert = (rows: ReadonlyArray<Row>) =>
       sql`INSERT INTO stored_responses ${
@@ -187,13 +188,14 @@ export const make = (config: ResponsesConfig) =>
         const parts: Array<string> = []
         let total = 0
         let next: string | null = id
-        while (next !== null) {
+        while (next !== null && parts.length <= maxDepth) {
           const queued = pendingFor(accountId, next, now)
           if (queued === null) break
           parts.push(queued.messages)
           total += queued.bytes
           next = queued.previous_id
         }
+        if (parts.length > maxDepth) return { _tag: "TooLong" } as const
         if (next !== null) {
           if (parts.length >= maxDepth) return { _tag: "TooLong" } as const
           const remaining = maxDepth - parts.length
