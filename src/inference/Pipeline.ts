@@ -177,7 +177,6 @@ const run = (
     const caller = exchange.caller
     const plan = settings.planFor(caller.account.plan)
     const limits = settings.config.limits
-    exchange.setApi(codec.api)
 
     const body = yield* readJsonWith(request, limits)
     exchange.requestedModel(modelIdOfBody(body))
@@ -225,7 +224,7 @@ export const pipelineRoute = (path: `/${string}`, codec: WireCodec) =>
         admission: yield* Admission
       }
       return yield* exchangeRoute(
-        { render: codec.render, xApiKey: codec.xApiKey === true },
+        { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
         (exchange, request) => run(codec, exchange, request, services)
       )
     })

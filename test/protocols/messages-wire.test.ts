@@ -275,6 +275,10 @@ describe("Anthropic Messages wire", () => {
       expect(parsed.error.message).toMatch(HANGUL)
       expect(parsed.error.message).toContain(named)
     }
+    // A refused request's row still says which API it came in on.
+    const refused = await post(gw, { model: "ws-pro", messages: [] })
+    expect(refused.status).toBe(400)
+    await eventually(async () => expect(((await rowById(gw, Number(refused.headers.get("x-request-id")))) as any).api).toBe("messages"))
   })
 
   it("hostile bodies are bounded before decoding: nested tool-result blocks count, deep tool schemas, huge texts", async () => {
