@@ -4,7 +4,7 @@
  * and clamp `max_tokens`. What the request row needs is noted on the exchange as it is learnt.
  */
 import { Effect, Result } from "effect"
-import type { ModelConfig } from "../config/GatewayConfig.js"
+import { type ModelConfig, primaryDeployment } from "../config/GatewayConfig.js"
 import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
 import { type ByokReference, isByokModel, parseReference } from "../byok/Reference.js"
 import type { UpstreamRequest } from "../upstream/Upstream.js"
@@ -96,7 +96,7 @@ export const upstreamRequest = (
   model: ModelConfig,
   effort: ReasoningEffort | undefined,
   maxTokens: number
-): UpstreamRequest => toUpstream(req, model.route.model, effort, maxTokens)
+): UpstreamRequest => toUpstream(req, primaryDeployment(model).model, effort, maxTokens)
 
 /**
  * What is sent through a credential: the provider's model id verbatim, `max_tokens` only when the client set one

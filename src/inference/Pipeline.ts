@@ -13,13 +13,14 @@
  */
 import { type Context, Effect } from "effect"
 import { HttpRouter, type HttpServerRequest } from "effect/http"
-import type { ModelConfig, PlanConfig } from "../config/GatewayConfig.js"
+import { type ModelConfig, type PlanConfig, primaryDeployment } from "../config/GatewayConfig.js"
 import { type CatalogView, LiveCatalog, Settings } from "../config/Live.js"
 import type { GatewayError } from "../errors/Catalog.js"
 import { readJsonWith } from "../http/Body.js"
 import { Admission } from "../quota/Admission.js"
 import { completeChat } from "../upstream/Complete.js"
-import { type UpstreamAdapter, type UpstreamError, type UpstreamRequest, Upstreams } from "../upstream/Upstream.js"
+import type { UpstreamAdapter, UpstreamError, UpstreamRequest } from "../upstream/Upstream.js"
+import { Deployments } from "../deployments/Router.js"
 import { isByokModel } from "../byok/Reference.js"
 import type { ReasoningEffort } from "../wire/ChatSchemas.js"
 import { runByok } from "./ByokRoute.js"
@@ -30,19 +31,20 @@ import type { Decoded, WireCodec } from "./Codec.js"
 import { type Exchange, exchangeRoute } from "./Exchange.js"
 import { modelIdOfBody } from "./JsonGuard.js"
 import { sseBody, sseResponse } from "./SseBody.js"
-import { upstreamFailure } from "./UpstreamErrors.js"
+import { upstreamFailure } from "../upstream/Failure.js"
 
 type MapFailure = (error: UpstreamError) => GatewayError
 
 /**
- * The adapter that serves a catalog model: the one place the pool path picks its upstream (the deployment
- * router takes this over).
+ * The adapter that serves a catalog model: the deployment router (balanced over the model's deployments, with
+ * failover before the first byte; attempts recorded on the exchange). The one place the pool path picks its
+ * upstream.
  */
-export const adapterFor = (model: ModelConfig): Effect.Effect<UpstreamAdapter, UpstreamError, Upstreams> =>
-  Effect.gen(function*() {
-    const upstreams = yield* Upstreams
-    return yield* upstreams.get(model.route.provider)
-  })
+export const adapterFor = (
+  deployments: Context.Service.Shape<typeof Deployments>,
+  model: ModelConfig,
+  exchange: Exchange
+): UpstreamAdapter => deployments.forModel(model, exchange)
 
 /** The catalog model a client's `model` names: a model id, else an alias of one (`catalog.aliases`). */
 export const lookupModel = (view: CatalogView, id: string): ModelConfig | undefined => {
@@ -170,10 +172,11 @@ const run = (
     readonly catalog: Context.Service.Shape<typeof LiveCatalog>
     readonly settings: Context.Service.Shape<typeof Settings>
     readonly admission: Context.Service.Shape<typeof Admission>
+    readonly deployments: Context.Service.Shape<typeof Deployments>
   }
 ) =>
   Effect.gen(function*() {
-    const { admission, catalog, settings } = services
+    const { admission, catalog, deployments, settings } = services
     const caller = exchange.caller
     const plan = settings.planFor(caller.account.plan)
     const limits = settings.config.limits
@@ -191,7 +194,7 @@ const run = (
     /** A catalog model: admitted against the pools, sent to its provider. */
     const pooled = ({ model, upstream }: PoolChat) =>
       Effect.gen(function*() {
-        exchange.routeTo(model.route.provider)
+        exchange.routeTo(primaryDeployment(model).provider)
         yield* exchange.admit(admission, {
           accountId: caller.account.id,
           plan,
@@ -199,8 +202,7 @@ const run = (
           estimatedInputTokens: exchange.estimatedInput,
           byok: false
         })
-        const adapter = yield* adapterFor(model).pipe(Effect.mapError(upstreamFailure))
-        return yield* respond(adapter, upstream, upstreamFailure)
+        return yield* respond(adapterFor(deployments, model, exchange), upstream, upstreamFailure)
       })
 
     const view = catalog.current()
@@ -221,7 +223,8 @@ export const pipelineRoute = (path: `/${string}`, codec: WireCodec) =>
       const services = {
         catalog: yield* LiveCatalog,
         settings: yield* Settings,
-        admission: yield* Admission
+        admission: yield* Admission,
+        deployments: yield* Deployments
       }
       return yield* exchangeRoute(
         { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
