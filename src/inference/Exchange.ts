@@ -479,6 +479,8 @@ export interface ExchangeRouteOptions {
   readonly operation?: Operation
   /** The key may come in `x-api-key` when there is no `Authorization` header (Anthropic clients). */
   readonly xApiKey?: boolean
+  /** The row's `api` when it is not the operation's name (`messages`, `responses`), set as the exchange opens. */
+  readonly api?: string
 }
 
 /**
@@ -506,6 +508,7 @@ export const exchangeRoute = <R>(
         yield* guardFailures(caller)
         const exchange = yield* Exchange.open(caller, log, options.operation)
         if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
+        if (options.api !== undefined) exchange.setApi(options.api)
         return yield* finishing(
           exchange,
           Effect.andThen(auth.gate(caller, headersOf(request)), Effect.suspend(() => run(exchange, request))),

@@ -19,7 +19,7 @@ import type { GatewayError } from "../errors/Catalog.js"
 import { readJsonWith } from "../http/Body.js"
 import { Admission } from "../quota/Admission.js"
 import { completeChat } from "../upstream/Complete.js"
-import { type UpstreamAdapter, type UpstreamError, type UpstreamRequest } from "../upstream/Upstream.js"
+import type { UpstreamAdapter, UpstreamError, UpstreamRequest } from "../upstream/Upstream.js"
 import { Deployments } from "../deployments/Router.js"
 import { isByokModel } from "../byok/Reference.js"
 import type { ReasoningEffort } from "../wire/ChatSchemas.js"
@@ -36,11 +36,15 @@ import { upstreamFailure } from "../upstream/Failure.js"
 type MapFailure = (error: UpstreamError) => GatewayError
 
 /**
- * The adapter that serves a catalog model for one request: balanced over the model's deployments, with failover
- * before the first byte (deployments/Router.ts); its attempts are recorded on the exchange.
+ * The adapter that serves a catalog model: the deployment router (balanced over the model's deployments, with
+ * failover before the first byte; attempts recorded on the exchange). The one place the pool path picks its
+ * upstream.
  */
-export const adapterFor = (model: ModelConfig, exchange: Exchange): Effect.Effect<UpstreamAdapter, never, Deployments> =>
-  Effect.map(Deployments, (deployments) => deployments.forModel(model, exchange))
+export const adapterFor = (
+  deployments: Context.Service.Shape<typeof Deployments>,
+  model: ModelConfig,
+  exchange: Exchange
+): UpstreamAdapter => deployments.forModel(model, exchange)
 
 /** The catalog model a client's `model` names: a model id, else an alias of one (`catalog.aliases`). */
 export const lookupModel = (view: CatalogView, id: string): ModelConfig | undefined => {
@@ -168,14 +172,14 @@ const run = (
     readonly catalog: Context.Service.Shape<typeof LiveCatalog>
     readonly settings: Context.Service.Shape<typeof Settings>
     readonly admission: Context.Service.Shape<typeof Admission>
+    readonly deployments: Context.Service.Shape<typeof Deployments>
   }
 ) =>
   Effect.gen(function*() {
-    const { admission, catalog, settings } = services
+    const { admission, catalog, deployments, settings } = services
     const caller = exchange.caller
     const plan = settings.planFor(caller.account.plan)
     const limits = settings.config.limits
-    exchange.setApi(codec.api)
 
     const body = yield* readJsonWith(request, limits)
     exchange.requestedModel(modelIdOfBody(body))
@@ -198,8 +202,7 @@ const run = (
           estimatedInputTokens: exchange.estimatedInput,
           byok: false
         })
-        const adapter = yield* adapterFor(model, exchange)
-        return yield* respond(adapter, upstream, upstreamFailure)
+        return yield* respond(adapterFor(deployments, model, exchange), upstream, upstreamFailure)
       })
 
     const view = catalog.current()
@@ -220,10 +223,11 @@ export const pipelineRoute = (path: `/${string}`, codec: WireCodec) =>
       const services = {
         catalog: yield* LiveCatalog,
         settings: yield* Settings,
-        admission: yield* Admission
+        admission: yield* Admission,
+        deployments: yield* Deployments
       }
       return yield* exchangeRoute(
-        { render: codec.render, xApiKey: codec.xApiKey === true },
+        { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
         (exchange, request) => run(codec, exchange, request, services)
       )
     })

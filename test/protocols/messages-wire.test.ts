@@ -275,6 +275,42 @@ describe("Anthropic Messages wire", () => {
       expect(parsed.error.message).toMatch(HANGUL)
       expect(parsed.error.message).toContain(named)
     }
+    // A refused request's row still says which API it came in on.
+    const refused = await post(gw, { model: "ws-pro", messages: [] })
+    expect(refused.status).toBe(400)
+    await eventually(async () => expect(((await rowById(gw, Number(refused.headers.get("x-request-id")))) as any).api).toBe("messages"))
+  })
+
+  it("hostile bodies are bounded before decoding: nested tool-result blocks count, deep tool schemas, huge texts", async () => {
+    const block = { type: "text", text: "" }
+    const nested = await post(gw, {
+      model: "ws-pro",
+      max_tokens: 5,
+      messages: [{
+        role: "user",
+        content: [{ type: "tool_result", tool_use_id: "toolu_x", content: Array.from({ length: 5_000 }, () => block) }]
+      }]
+    })
+    expect(nested.status).toBe(400)
+    expect((await nested.json() as any).error.message).toContain("4096")
+    let schema: any = { type: "string" }
+    for (let i = 0; i < 12; i++) schema = { type: "object", properties: { a: schema } }
+    const deep = await post(gw, {
+      model: "ws-pro",
+      max_tokens: 5,
+      tools: [{ name: "t", input_schema: schema }],
+      messages: [{ role: "user", content: "x" }]
+    })
+    expect(deep.status).toBe(400)
+    expect((await deep.json() as any).error.message).toContain("tools[0]")
+    const long = await post(gw, {
+      model: "ws-pro",
+      max_tokens: 5,
+      system: "x".repeat(2_000_000),
+      messages: [{ role: "user", content: "x" }]
+    })
+    expect(long.status).toBe(400)
+    expect((await long.json() as any).error.type).toBe("invalid_request_error")
   })
 
   it("dropped fields are named in x-wellspring-ignored-fields (top_k, unknown ones), names only", async () => {

@@ -133,18 +133,25 @@ const checkRaw = (body: Record<string, unknown>, limits: LimitsConfig): GatewayE
       const content = (messages[i] as { readonly content?: unknown } | null)?.content
       if (!Array.isArray(content)) continue
       blocks += content.length
-      if (blocks > MAX_CONTENT_PARTS) {
-        return fail("invalid_messages", { message: InferenceMessages.tooManyContentParts(MAX_CONTENT_PARTS) })
-      }
       for (let j = 0; j < content.length; j++) {
-        const type = (content[j] as { readonly type?: unknown } | null)?.type
+        const block = content[j] as { readonly type?: unknown; readonly content?: unknown } | null
+        // A tool result's own blocks count too: decoding walks them all.
+        if (Array.isArray(block?.content)) blocks += block.content.length
+        const type = block?.type
         if (typeof type === "string" && !SUPPORTED_BLOCKS.has(type)) {
           return fail("invalid_messages", {
             message: AnthropicMessages.unsupportedBlock(safeName(type), formatPath(["messages", i, "content", j, "type"]))
           })
         }
       }
+      if (blocks > MAX_CONTENT_PARTS) {
+        return fail("invalid_messages", { message: InferenceMessages.tooManyContentParts(MAX_CONTENT_PARTS) })
+      }
     }
+  }
+  const system = body.system
+  if (Array.isArray(system) && system.length > MAX_CONTENT_PARTS) {
+    return fail("invalid_request", { message: InferenceMessages.tooManyContentParts(MAX_CONTENT_PARTS) })
   }
   const tools = body.tools
   if (Array.isArray(tools)) {
