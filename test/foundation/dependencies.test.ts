@@ -5,8 +5,10 @@
  *   lower rank, and every source file is covered by a row;
  * - `accounts` may use `auth`, never the reverse: nothing `src/auth/` imports reaches `src/accounts/`, directly
  *   or through other modules;
- * - no module imports a route module (a file that defines `HttpRouter.add` routes), except the composition root
- *   `src/App.ts`, which mounts them.
+ * - no module imports a route module, except the composition root `src/App.ts`, which mounts them. A route module
+ *   registers routes when it is loaded: it calls `HttpRouter.add`, or a route factory (an exported function that
+ *   calls `HttpRouter.add`, e.g. the pipeline's `pipelineRoute`), outside any function. A module that only exports
+ *   a factory is not a route module: its users are.
  * Type-only imports count: they couple the modules just the same.
  */
 import * as Fs from "node:fs"
@@ -25,7 +27,9 @@ const KNOWN_ROUTE_MODULES = [
   "inference/Embeddings.ts",
   "inference/IdentityRoutes.ts",
   "inference/ModelsRoute.ts",
-  "inference/OpenApi.ts"
+  "inference/OpenApi.ts",
+  "protocols/anthropic/Routes.ts",
+  "protocols/responses/Route.ts"
 ]
 
 interface Module {
@@ -33,8 +37,12 @@ interface Module {
   readonly path: string
   /** Other modules of `src/` it imports (relative specifiers resolved; packages left out). */
   readonly imports: ReadonlyArray<string>
-  /** Whether it calls `HttpRouter.add(...)`. */
-  readonly definesRoutes: boolean
+  /** Whether it calls `HttpRouter.add(...)` outside any function (registers routes when loaded). */
+  readonly addsRoutes: boolean
+  /** Exported functions that call `HttpRouter.add` (route factories). */
+  readonly factories: ReadonlyArray<string>
+  /** Names it calls outside any function, with the module and export they were imported from. */
+  readonly topLevelCalls: ReadonlyArray<{ readonly from: string; readonly name: string }>
 }
 
 const listSources = (dir: string): Array<string> =>
@@ -54,14 +62,48 @@ const resolve = (from: string, specifier: string, exists: (path: string) => bool
   return joined
 }
 
-/** Parses one source text: its import specifiers (static, re-exports, dynamic) and whether it adds routes. */
+const isFunctionLike = (node: ts.Node): boolean =>
+  ts.isArrowFunction(node) || ts.isFunctionExpression(node) || ts.isFunctionDeclaration(node) ||
+  ts.isMethodDeclaration(node) || ts.isAccessor(node) || ts.isConstructorDeclaration(node)
+
+const isExported = (node: ts.Node): boolean =>
+  ts.canHaveModifiers(node) && (ts.getModifiers(node) ?? []).some((m) => m.kind === ts.SyntaxKind.ExportKeyword)
+
+/** The exported top-level declaration `node` is in (`export const f = ...`, `export function f`), if any. */
+const exportedNameOf = (node: ts.Node): string | null => {
+  let at: ts.Node = node
+  while (at.parent !== undefined && !ts.isSourceFile(at.parent)) at = at.parent
+  if (ts.isFunctionDeclaration(at) && at.name && isExported(at)) return at.name.text
+  if (ts.isVariableStatement(at) && isExported(at)) {
+    const [declaration] = at.declarationList.declarations
+    if (declaration && ts.isIdentifier(declaration.name)) return declaration.name.text
+  }
+  return null
+}
+
+/**
+ * Parses one source text: its import specifiers (static, re-exports, dynamic), whether it adds routes when loaded,
+ * the route factories it exports, and the imported functions it calls when loaded.
+ */
 const parseModule = (path: string, text: string, exists: (path: string) => boolean): Module => {
-  const source = ts.createSourceFile(path, text, ts.ScriptTarget.Latest, false, ts.ScriptKind.TS)
+  const source = ts.createSourceFile(path, text, ts.ScriptTarget.Latest, true, ts.ScriptKind.TS)
   const specifiers: Array<string> = []
-  let definesRoutes = false
-  const visit = (node: ts.Node): void => {
+  /** local name -> [specifier, exported name] of named imports. */
+  const bindings = new Map<string, readonly [string, string]>()
+  let addsRoutes = false
+  const factories = new Set<string>()
+  const called = new Set<string>()
+  const visit = (node: ts.Node, inFunction: boolean): void => {
     if ((ts.isImportDeclaration(node) || ts.isExportDeclaration(node)) && node.moduleSpecifier) {
-      if (ts.isStringLiteral(node.moduleSpecifier)) specifiers.push(node.moduleSpecifier.text)
+      if (ts.isStringLiteral(node.moduleSpecifier)) {
+        specifiers.push(node.moduleSpecifier.text)
+        const named = ts.isImportDeclaration(node) ? node.importClause?.namedBindings : undefined
+        if (named && ts.isNamedImports(named)) {
+          for (const element of named.elements) {
+            bindings.set(element.name.text, [node.moduleSpecifier.text, (element.propertyName ?? element.name).text])
+          }
+        }
+      }
     } else if (ts.isImportEqualsDeclaration(node) && ts.isExternalModuleReference(node.moduleReference)) {
       const expression = node.moduleReference.expression
       if (ts.isStringLiteral(expression)) specifiers.push(expression.text)
@@ -73,22 +115,44 @@ const parseModule = (path: string, text: string, exists: (path: string) => boole
       if (
         ts.isPropertyAccessExpression(node.expression) && node.expression.name.text === "add" &&
         ts.isIdentifier(node.expression.expression) && node.expression.expression.text === "HttpRouter"
-      ) definesRoutes = true
+      ) {
+        if (!inFunction) addsRoutes = true
+        else {
+          const name = exportedNameOf(node)
+          if (name !== null) factories.add(name)
+        }
+      }
+      if (!inFunction && ts.isIdentifier(node.expression)) called.add(node.expression.text)
     } else if (ts.isImportTypeNode(node)) {
       const argument = node.argument
       if (ts.isLiteralTypeNode(argument) && ts.isStringLiteral(argument.literal)) specifiers.push(argument.literal.text)
     }
-    ts.forEachChild(node, visit)
+    ts.forEachChild(node, (child) => visit(child, inFunction || isFunctionLike(node)))
   }
-  visit(source)
+  visit(source, false)
   const imports = [...new Set(specifiers.flatMap((s) => resolve(path, s, exists) ?? []))]
-  return { path, imports, definesRoutes }
+  const topLevelCalls = [...called].flatMap((local) => {
+    const binding = bindings.get(local)
+    const from = binding === undefined ? null : resolve(path, binding[0], exists)
+    return from === null || binding === undefined ? [] : [{ from, name: binding[1] }]
+  })
+  return { path, imports, addsRoutes, factories: [...factories], topLevelCalls }
+}
+
+/** Modules that register routes when loaded: `HttpRouter.add`, or an imported route factory, called at top level. */
+const routeModulesOf = (modules: ReadonlyArray<Module>): Set<string> => {
+  const factories = new Map(modules.map((m) => [m.path, new Set(m.factories)]))
+  return new Set(
+    modules
+      .filter((m) => m.addsRoutes || m.topLevelCalls.some((c) => factories.get(c.from)?.has(c.name) === true))
+      .map((m) => m.path)
+  )
 }
 
 /** Every rule broken by a set of modules, one line per offending import. */
 const violations = (modules: ReadonlyArray<Module>): Array<string> => {
   const byPath = new Map(modules.map((m) => [m.path, m]))
-  const routeModules = new Set(modules.filter((m) => m.definesRoutes).map((m) => m.path))
+  const routeModules = routeModulesOf(modules)
   const found: Array<string> = []
   for (const module of modules) {
     for (const target of module.imports) {
@@ -179,8 +243,8 @@ const readTree = (): Array<Module> => {
 describe("dependency direction in src/", () => {
   const modules = readTree()
 
-  it("finds the route modules by their HttpRouter.add calls (comments do not count)", () => {
-    const routes = modules.filter((m) => m.definesRoutes).map((m) => m.path)
+  it("finds the route modules by their HttpRouter.add and route factory calls (comments do not count)", () => {
+    const routes = [...routeModulesOf(modules)]
     expect(routes).toEqual(expect.arrayContaining(KNOWN_ROUTE_MODULES))
     // Server.ts and App.ts mention HttpRouter.add only in comments.
     expect(routes).not.toContain("http/Server.ts")
@@ -246,18 +310,25 @@ describe("dependency direction in src/", () => {
   })
 
   it("the checker reports each kind of violation (so the test above can fail)", () => {
-    const exists = (p: string) => ["auth/A.ts", "accounts/Repo.ts", "inference/Route.ts", "x/Y.ts", "x/Index/index.ts"].includes(p)
+    const exists = (p: string) =>
+      ["auth/A.ts", "accounts/Repo.ts", "inference/Route.ts", "x/Y.ts", "x/Index/index.ts", "inference/Factory.ts",
+        "inference/Chat.ts", "protocols/Other.ts"].includes(p)
     const modules = [
       parseModule("auth/A.ts", `import type { Row } from "../x/Y.js"`, exists),
       parseModule("x/Y.ts", `export { Repo } from "../accounts/Repo.js"`, exists),
       parseModule("accounts/Repo.ts", `const m = await import("../inference/Route.js")`, exists),
       parseModule("inference/Route.ts", `// HttpRouter.add in a comment\nexport const r = HttpRouter.add("GET", "/", h)`, exists),
-      parseModule("App.ts", `import { r } from "./inference/Route.js"`, exists)
+      // A factory module is no route module; a module calling the factory when loaded is one.
+      parseModule("inference/Factory.ts", `export const route = (p) => HttpRouter.add("POST", p, h)`, exists),
+      parseModule("inference/Chat.ts", `import { route } from "./Factory.js"\nexport const chat = route("/c")`, exists),
+      parseModule("protocols/Other.ts", `import { route } from "../inference/Factory.js"\nimport { chat } from "../inference/Chat.js"`, exists),
+      parseModule("App.ts", `import { r } from "./inference/Route.js"\nimport { chat } from "./inference/Chat.js"`, exists)
     ]
     expect(violations(modules)).toEqual([
       "accounts/Repo.ts imports the route module inference/Route.ts",
+      "protocols/Other.ts imports the route module inference/Chat.ts",
       "auth reaches accounts: auth/A.ts -> x/Y.ts -> accounts/Repo.ts"
     ])
-    expect(parseModule("z.ts", `/* HttpRouter.add(x) */ const s = "HttpRouter.add("`, exists).definesRoutes).toBe(false)
+    expect(parseModule("z.ts", `/* HttpRouter.add(x) */ const s = "HttpRouter.add("`, exists).addsRoutes).toBe(false)
   })
 })
