@@ -9,7 +9,7 @@ import { decodeCatalog, decodeLayered, parseYaml } from "./GatewayConfig.js"
 /** Static settings decided at boot. */
 export class Settings extends Context.Service<Settings, {
   readonly config: GatewayConfig
-  /** Path of the config file, watched for catalog changes. */
+  /** Path of the config file, watched by `ConfigFile` for live changes. */
   readonly path: string
   /** Key-encryption key; null disables key reveal and BYOK. */
   readonly encryptionKey: Buffer | null
@@ -37,7 +37,7 @@ export class LiveCatalog extends Context.Service<LiveCatalog, {
   /** Synchronous read for the hot path. */
   readonly current: () => CatalogView
   readonly changes: Stream.Stream<CatalogView>
-  /** Re-reads the file now; false when the new file was rejected. */
+  /** Polls the file now; false while its current version is rejected. */
   readonly reload: Effect.Effect<boolean>
 }>()("wellspring/config/LiveCatalog") {}
 
