@@ -15,7 +15,7 @@ import { Deployments } from "../deployments/Router.js"
 import { primaryDeployment } from "../config/GatewayConfig.js"
 import { runByok } from "./ByokRoute.js"
 import { runPlan } from "./Plan.js"
-import { adapterFor, poolStep } from "./Pipeline.js"
+import { adapterFor, lookupModel, poolStep } from "./Pipeline.js"
 import {
   type EmbeddingsRequest,
   embeddingsForModel,
@@ -90,7 +90,8 @@ export const embeddings = HttpRouter.add(
           )
         )
       return Effect.gen(function*() {
-        const prepared = yield* prepareEmbeddings(request, exchange, settings.config.limits, catalog.current().byId)
+        const view = catalog.current()
+        const prepared = yield* prepareEmbeddings(request, exchange, settings.config.limits, (id) => lookupModel(view, id))
         if (prepared._tag === "Pool") return yield* runPlan([() => Effect.succeed(pooled(prepared))])
         return yield* runByok(exchange, caller, prepared.reference, {
           attempt: (adapter, mapFailure) =>
