@@ -226,12 +226,17 @@ const run = (
     })
   })
 
-/** The `POST` route of one wire codec on the pipeline. */
-export const pipelineRoute = (path: `/${string}`, codec: WireCodec) =>
-  HttpRouter.add(
+/**
+ * The `POST` route of one wire codec on the pipeline. `codec` may be built from services (an effect, run once, at
+ * the first request), so the route registers without them (`Server.listRoutes`).
+ */
+export const pipelineRoute = <R = never>(path: `/${string}`, codec: WireCodec | Effect.Effect<WireCodec, never, R>) => {
+  let built: WireCodec | undefined = Effect.isEffect(codec) ? undefined : codec
+  return HttpRouter.add(
     "POST",
     path,
     Effect.gen(function*() {
+      const wire = built ??= yield* (codec as Effect.Effect<WireCodec, never, R>)
       const services = {
         catalog: yield* LiveCatalog,
         settings: yield* Settings,
@@ -239,8 +244,9 @@ export const pipelineRoute = (path: `/${string}`, codec: WireCodec) =>
         deployments: yield* Deployments
       }
       return yield* exchangeRoute(
-        { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
-        (exchange, request) => run(codec, exchange, request, services)
+        { render: wire.render, xApiKey: wire.xApiKey === true, api: wire.api },
+        (exchange, request) => run(wire, exchange, request, services)
       )
     })
   )
+}
