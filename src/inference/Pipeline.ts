@@ -24,6 +24,7 @@ import { Deployments } from "../deployments/Router.js"
 import { isByokModel } from "../byok/Reference.js"
 import type { ReasoningEffort } from "../wire/ChatSchemas.js"
 import { runByok } from "./ByokRoute.js"
+import { runPlan, type Step } from "./Plan.js"
 import type { ChatRequest } from "./ChatRequest.js"
 import { type PoolChat, prepareForModel, prepareRequest } from "./ChatPrepare.js"
 import { accumulate, emptyAnswer, foldEvents, safeReceipt, settledHeaders, streamHeaders } from "./ChatWire.js"
@@ -93,6 +94,27 @@ const extraHeaders = (decoded: Decoded): Record<string, string> =>
   decoded.ignored !== undefined && decoded.ignored.length > 0
     ? { "x-wellspring-ignored-fields": decoded.ignored.join(", ") }
     : {}
+
+/** The step of a catalog model (Plan.ts): routed to its first deployment's provider for the row, admitted. */
+export const poolStep = <A, R>(
+  exchange: Exchange,
+  admission: Context.Service.Shape<typeof Admission>,
+  plan: PlanConfig,
+  model: ModelConfig,
+  run: Effect.Effect<A, GatewayError, R>
+): Step<A, R> => ({
+  admit: Effect.suspend(() => {
+    exchange.routeTo(primaryDeployment(model).provider)
+    return Effect.asVoid(exchange.admit(admission, {
+      accountId: exchange.caller.account.id,
+      plan,
+      model,
+      estimatedInputTokens: exchange.estimatedInput,
+      byok: false
+    }))
+  }),
+  run
+})
 
 /** A non-stream answer: the whole answer in one call, then the exchange completes and the body is written. */
 const complete = (
@@ -191,35 +213,30 @@ const run = (
         ? streamed(codec, exchange, plan, adapter, upstream, mapFailure, extra)
         : complete(codec, exchange, plan, adapter, upstream, mapFailure, extra)
 
-    /** A catalog model: admitted against the pools, sent to its provider. */
+    /** A catalog model's step: admitted against the pools, sent to its deployments. */
     const pooled = ({ model, upstream }: PoolChat) =>
-      Effect.gen(function*() {
-        exchange.routeTo(primaryDeployment(model).provider)
-        yield* exchange.admit(admission, {
-          accountId: caller.account.id,
-          plan,
-          model,
-          estimatedInputTokens: exchange.estimatedInput,
-          byok: false
-        })
-        return yield* respond(adapterFor(deployments, model, exchange), upstream, upstreamFailure)
-      })
+      poolStep(exchange, admission, plan, model, respond(adapterFor(deployments, model, exchange), upstream, upstreamFailure))
 
     const view = catalog.current()
     const prepared = yield* prepareRequest(exchange, settleEffort(decoded, view), (id) => lookupModel(view, id))
-    if (prepared._tag === "Pool") return yield* pooled(prepared)
+    if (prepared._tag === "Pool") return yield* runPlan([() => Effect.succeed(pooled(prepared))])
     return yield* runByok(exchange, caller, prepared.reference, {
       attempt: (adapter, mapFailure) => respond(adapter, prepared.upstream, mapFailure),
       fallback: (model) => Effect.map(prepareForModel(exchange, prepared.request, model), pooled)
     })
   })
 
-/** The `POST` route of one wire codec on the pipeline. */
-export const pipelineRoute = (path: `/${string}`, codec: WireCodec) =>
-  HttpRouter.add(
+/**
+ * The `POST` route of one wire codec on the pipeline. `codec` may be built from services (an effect, run once, at
+ * the first request), so the route registers without them (`Server.listRoutes`).
+ */
+export const pipelineRoute = <R = never>(path: `/${string}`, codec: WireCodec | Effect.Effect<WireCodec, never, R>) => {
+  let built: WireCodec | undefined = Effect.isEffect(codec) ? undefined : codec
+  return HttpRouter.add(
     "POST",
     path,
     Effect.gen(function*() {
+      const wire = built ??= yield* (codec as Effect.Effect<WireCodec, never, R>)
       const services = {
         catalog: yield* LiveCatalog,
         settings: yield* Settings,
@@ -227,8 +244,9 @@ export const pipelineRoute = (path: `/${string}`, codec: WireCodec) =>
         deployments: yield* Deployments
       }
       return yield* exchangeRoute(
-        { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
-        (exchange, request) => run(codec, exchange, request, services)
+        { render: wire.render, xApiKey: wire.xApiKey === true, api: wire.api },
+        (exchange, request) => run(wire, exchange, request, services)
       )
     })
   )
+}

@@ -30,7 +30,7 @@ describe("aliases and the chat wire", () => {
     gw = await startGateway({
       configure: (doc) => {
         addMockModel(doc, { baseUrl: mock.url })
-        doc.catalog.aliases = { "claude-sonnet-4-5": "ws-pro", "gpt-mock": "ws-mock" }
+        doc.catalog.aliases = { "claude-sonnet-4-5": "ws-pro", "gpt-mock": "ws-mock", "text-embedding-3-small": "ws-embed" }
       }
     })
     openai = new OpenAI({ baseURL: `${gw.url}/v1`, apiKey: gw.key, maxRetries: 0 })
@@ -57,6 +57,12 @@ describe("aliases and the chat wire", () => {
       const completion = await openai.chat.completions.create({ model: "gpt-mock", messages: [{ role: "user", content: "x" }] })
       expect(completion.model).toBe("ws-mock")
       expect(mock.requests[before]!.body.model).toBe("mock-model")
+    })
+
+    it("an alias works on embeddings; the answer names the catalog model", async () => {
+      const embedded = await openai.embeddings.create({ model: "text-embedding-3-small", input: "hello" })
+      expect(embedded.model).toBe("ws-embed")
+      expect(embedded.data[0]!.embedding).toHaveLength(1024)
     })
 
     it("aliases are never listed, and models.retrieve of an alias is 404", async () => {

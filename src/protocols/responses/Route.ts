@@ -182,11 +182,12 @@ export const makeResponsesCodec = (
 }
 
 /** `POST /v1/responses` on the pipeline. */
-export const createResponse = Layer.unwrap(Effect.gen(function*() {
-  const store = yield* ResponseStore
-  const catalog = yield* LiveCatalog
-  return pipelineRoute("/v1/responses", makeResponsesCodec(store, catalog))
-}))
+export const createResponse = pipelineRoute(
+  "/v1/responses",
+  Effect.gen(function*() {
+    return makeResponsesCodec(yield* ResponseStore, yield* LiveCatalog)
+  })
+)
 
 /** The caller of a stored-response route (key and account gates), and the path's id when it can be one. */
 const storedRoute = <A>(
