@@ -109,6 +109,8 @@ const serve = (assets: ReadonlyMap<string, DashboardAsset> | null) =>
       })
     }
     const path = request.url.split("?", 1)[0]!.split("#", 1)[0]!
+    // The router's `/dashboard/*` also matches `/dashboard`: the app lives under the slash.
+    if (path === "/dashboard") return HttpServerResponse.empty({ status: 308, headers: { location: "/dashboard/" } })
     // Hashed assets are exact; any other path is a page of the app.
     const asset = assets.get(path) ?? (path.startsWith("/dashboard/assets/") ? undefined : assets.get("/dashboard/index.html"))
     if (asset === undefined) return notFound()
@@ -124,15 +126,5 @@ const serve = (assets: ReadonlyMap<string, DashboardAsset> | null) =>
     return HttpServerResponse.uint8Array(gzip ? asset.gzip! : asset.body, { contentType: asset.contentType, headers })
   })
 
-/** `/dashboard` (redirect) and `/dashboard/*` of the account origin. */
-export const dashboardRoutes = Layer.unwrap(Effect.sync(() => {
-  const assets = loadDashboard()
-  return Layer.mergeAll(
-    HttpRouter.add(
-      "GET",
-      "/dashboard",
-      Effect.succeed(HttpServerResponse.empty({ status: 308, headers: { location: "/dashboard/" } }))
-    ),
-    HttpRouter.add("GET", "/dashboard/*", serve(assets))
-  )
-}))
+/** `/dashboard/*` (and `/dashboard`, redirected) of the account origin. */
+export const dashboardRoutes = Layer.unwrap(Effect.sync(() => HttpRouter.add("GET", "/dashboard/*", serve(loadDashboard()))))

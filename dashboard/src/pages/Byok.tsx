@@ -276,7 +276,7 @@ export const Byok = () => {
             {listing && (
               <div class="listing" role="region" aria-label="공급자 모델 목록">
                 <h3>모델 {listing.models.length}개</h3>
-                <ul class="models">
+                <ul class="models" tabIndex={0} aria-label="모델 id 목록">
                   {listing.models.slice(0, 200).map((m) => (
                     <li key={m.id}>
                       <code>{m.id}</code>

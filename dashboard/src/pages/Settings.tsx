@@ -1,3 +1,4 @@
+import { useState } from "preact/hooks"
 import { api, get } from "../api"
 import { when } from "../format"
 import { ConfirmButton, ErrorNote, Note, Section, TableWrap, useAction, useLoad } from "../ui"
@@ -6,7 +7,9 @@ export const Settings = ({ onSignOut }: { onSignOut: () => Promise<void> }) => {
   const me = useLoad(() => get("/api/user/me"))
   const sessions = useLoad(() => get("/api/user/me/sessions"))
   const action = useAction()
-  const sfw: boolean | undefined = me.data?.profile.sfwMode
+  // The switch follows the click at once; the account's value replaces it once saved (or the old one on failure).
+  const [pending, setPending] = useState<boolean | null>(null)
+  const sfw: boolean | undefined = pending ?? me.data?.profile.sfwMode
   const list: Array<any> = sessions.data?.data.sessions ?? []
 
   return (
@@ -32,8 +35,10 @@ export const Settings = ({ onSignOut }: { onSignOut: () => Promise<void> }) => {
                 disabled={action.busy}
                 onChange={async (e) => {
                   const on = e.currentTarget.checked
+                  setPending(on)
                   await action.run(() => api("POST", "/api/user/sfw", { sfw_mode: on }), on ? "세이프 모드를 켰습니다." : "세이프 모드를 껐습니다.")
                   await me.reload()
+                  setPending(null)
                 }}
               />
               세이프 모드 {sfw ? "켜짐" : "꺼짐"}

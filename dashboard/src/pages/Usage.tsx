@@ -35,19 +35,16 @@ export const Usage = () => {
         <h1 tabIndex={-1}>사용량</h1>
       </div>
       <form class="filters" onSubmit={(e) => e.preventDefault()} aria-label="사용량 필터">
-        <label>
-          기간
-          <select value={range} onChange={(e) => setRange(e.currentTarget.value)}>
+        <label for="usage-range">기간</label>
+          <select id="usage-range" value={range} onChange={(e) => setRange(e.currentTarget.value)}>
             {RANGES.map(([value, label]) => (
               <option key={value} value={value}>
                 {label}
               </option>
             ))}
           </select>
-        </label>
-        <label>
-          모델
-          <select value={model} onChange={(e) => setModel(e.currentTarget.value)}>
+        <label for="usage-model">모델</label>
+          <select id="usage-model" value={model} onChange={(e) => setModel(e.currentTarget.value)}>
             <option value="">전체 모델</option>
             {models.map((id) => (
               <option key={id} value={id}>
@@ -55,7 +52,6 @@ export const Usage = () => {
               </option>
             ))}
           </select>
-        </label>
       </form>
       <ErrorNote message={metrics.error} />
       {m && (
@@ -175,16 +171,16 @@ export const Usage = () => {
         title="요청 기록"
         id="requests-title"
         actions={
-          <label class="inline">
-            표시 개수
-            <select value={String(limit)} onChange={(e) => setLimit(Number(e.currentTarget.value))}>
+          <span class="inline">
+            <label for="usage-limit">표시 개수</label>
+            <select id="usage-limit" value={String(limit)} onChange={(e) => setLimit(Number(e.currentTarget.value))}>
               {LIMITS.map((n) => (
                 <option key={n} value={n}>
                   {n}개
                 </option>
               ))}
             </select>
-          </label>
+          </span>
         }
       >
         <ErrorNote message={requests.error} />
