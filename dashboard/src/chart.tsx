@@ -28,7 +28,11 @@ const usePlot = (make: (width: number) => uPlot.Options, data: uPlot.AlignedData
   return host
 }
 
-/** Lines over time (`x` in epoch seconds). */
+const clock = new Intl.DateTimeFormat("ko-KR", { hour: "2-digit", minute: "2-digit", hour12: false })
+const day = new Intl.DateTimeFormat("ko-KR", { month: "numeric", day: "numeric" })
+const full = new Intl.DateTimeFormat("ko-KR", { month: "numeric", day: "numeric", hour: "2-digit", minute: "2-digit", hour12: false })
+
+/** Lines over time (`x` in epoch seconds); times in Korean form, days when the span is over two days. */
 export const TimeChart = ({ title, x, series, values }: {
   title: string
   x: ReadonlyArray<number>
@@ -40,8 +44,19 @@ export const TimeChart = ({ title, x, series, values }: {
     (width) => ({
       width,
       height: 220,
-      series: [{}, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 2, points: { show: false } }))],
-      axes: [{}, { size: 60 }],
+      series: [
+        { label: "시각", value: (_u: uPlot, v: number | null) => (v === null ? "—" : full.format(new Date(v * 1000))) },
+        ...series.map((s) => ({ label: s.label, stroke: s.color, width: 2, points: { show: false } }))
+      ],
+      axes: [
+        {
+          values: (_u: uPlot, splits: Array<number>) => {
+            const span = splits.length > 1 ? splits[splits.length - 1]! - splits[0]! : 0
+            return splits.map((v) => (span > 2 * 86400 ? day : clock).format(new Date(v * 1000)))
+          }
+        },
+        { size: 60 }
+      ],
       legend: { show: true },
       cursor: { drag: { x: false, y: false } }
     }),

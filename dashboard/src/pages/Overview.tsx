@@ -140,7 +140,7 @@ export const Overview = () => {
                         <td>{r.model_id}</td>
                         <td>
                           <span class={`badge badge-${r.status}`}>{STATUS_TEXT[r.status] ?? r.status}</span>
-                          {r.error ? <span class="muted"> {r.error}</span> : null}
+                          {r.error ? <span class="muted err">{r.error}</span> : null}
                         </td>
                         <td class="num">{num(r.input_tokens)}</td>
                         <td class="num">{num(r.output_tokens)}</td>
