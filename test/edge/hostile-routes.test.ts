@@ -141,11 +141,25 @@ let routes: ReadonlyArray<RegisteredRoute> = []
 let proberKey = ""
 let session = ""
 
+/** Mints a session with the CLI (the dashboard's sign-out and session routes are among the routes too). */
+let mintSession: () => Promise<string> = async () => ""
+
+/** The session cookie caller's session, replaced when a case (sign-out, session revoke) ended it. */
+const keepSession = async () => {
+  const check = await undiciRequest(`http://127.0.0.1:${port}/api/user/me/keys`, { headers: { cookie: `ws-session=${session}` } })
+  await check.body.text()
+  if (check.statusCode === 200) return
+  session = await mintSession()
+  const cookieCaller = callers.find((c) => c.name === "session cookie")!
+  cookieCaller.headers = { ...cookieCaller.headers, cookie: `ws-session=${session}` }
+}
+
 /**
  * The active caller's key, replaced through the session when a case revoked it (rotation and key deletion are
  * among the routes, and a refusal of the body does not stop them: their bodies are optional).
  */
 const keepActiveKey = async () => {
+  await keepSession()
   const active = callers.find((c) => c.name === "active key")!
   const check = await undiciRequest(`http://127.0.0.1:${port}/v1/models`, { headers: active.headers })
   await check.body.text()
@@ -197,7 +211,24 @@ beforeAll(async () => {
   }
   await cli("account:create", "--username", "dormant", "--display-name", "Dormant", "--status", "unlinked")
   const unlinkedKey = /API key: (\S+)/.exec(await cli("key:create", "--username", "dormant"))![1]!
-  session = /ws-session=(\S+)/.exec(await cli("session:create", "--username", "dev"))![1]!
+  mintSession = async () => {
+    // Signing in with the active key is quick; the CLI when that key was just revoked (rotation, deletion).
+    const active = callers.find((c) => c.name === "active key")
+    const apiKey = active?.headers.authorization?.slice("Bearer ".length)
+    if (apiKey) {
+      const signIn = await undiciRequest(`http://127.0.0.1:${port}/api/user/session`, {
+        method: "POST",
+        headers: { origin: `http://127.0.0.1:${port}`, "content-type": "application/json" },
+        body: JSON.stringify({ api_key: apiKey })
+      })
+      await signIn.body.text()
+      const cookie = String(signIn.headers["set-cookie"] ?? "")
+      const token = /^ws-session=([^;]+)/.exec(cookie)?.[1]
+      if (signIn.statusCode === 200 && token) return token
+    }
+    return /ws-session=(\S+)/.exec(await cli("session:create", "--username", "dev"))![1]!
+  }
+  session = await mintSession()
   await cli("account:create", "--username", "prober", "--display-name", "Prober")
   proberKey = /API key: (\S+)/.exec(await cli("key:create", "--username", "prober"))![1]!
   const origin = `http://127.0.0.1:${port}`
@@ -319,6 +350,8 @@ describe("hostile bodies on every registered route", () => {
             // Never echoed: refusals are short, and no answer holds a long run of what was sent.
             if (answer.status >= 400 && answer.body.length > 4096) failures.push(`${what}: answer of ${answer.body.length} bytes`)
             if (/\[{8}|9{16}|(\{"a":){4}|A{64}/.test(answer.body)) failures.push(`${what}: echoes the body`)
+            // Sign-out and session revocation end the cookie caller's session: a new one for the next cases.
+            if (caller.name === "session cookie" && /^\/api\/user\/(session|me\/sessions)/.test(route.path)) await keepSession()
             if (route.path === "/api/user/sfw" && answer.status === 200 && JSON.parse(answer.body).sfw_mode !== false) {
               failures.push(`${what}: sfw_mode read from a prototype or a non-boolean`)
             }
