@@ -43,6 +43,9 @@ import * as RequestLog from "./telemetry/RequestLog.js"
 import * as Telemetry from "./telemetry/Telemetry.js"
 import * as Tracing from "./telemetry/Tracing.js"
 import * as Upstreams from "./upstream/Upstreams.js"
+import * as HealthRedis from "./deployments/HealthRedis.js"
+import * as Router from "./deployments/Router.js"
+import { deploymentRoutes } from "./deployments/Routes.js"
 
 /** Inference API (`/v1/*`): one `HttpRouter.add` route layer per endpoint. */
 export const inferenceRouter = Layer.mergeAll(
@@ -113,6 +116,15 @@ const upstreamsLayer = Upstreams.layerEffect(
   Effect.map(Live.LiveCatalog, (live) => Effect.sync(() => live.current().catalog.providers))
 )
 
+/** Catalog models to their deployments: health local, or shared by replicas through Redis when configured. */
+const deploymentsLayer = (config: GatewayConfig, random: (() => number) | undefined) => {
+  const options = { routing: config.routing, random }
+  const router = config.redis_url === undefined
+    ? Router.layer(options)
+    : HealthRedis.layer(config.redis_url, config.redis_key_prefix, options)
+  return Layer.provideMerge(router, upstreamsLayer)
+}
+
 /** In-memory actors persisted to SQL, or Redis when `redis_url` is set. */
 const defaultAdmission: Layer.Layer<Admission, never, SqlClient.SqlClient | Live.Settings> = Layer.unwrap(
   Effect.map(Live.Settings, ({ config }) =>
@@ -139,6 +151,8 @@ export interface AppOptions {
   readonly imageWork?: Layer.Layer<ImageWork, never, SqlClient.SqlClient | Live.Settings>
   /** Sees every database connection (tests count the statements sent). */
   readonly sqlTap?: Sql.WireTap
+  /** The deployment balancer's chance (tests: a seeded generator). */
+  readonly deploymentRandom?: () => number
 }
 
 /** The worker side when a test replaces the queue with its own: no job ever comes to a remote worker. */
@@ -175,7 +189,7 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     AccountsRepo.layer,
     RequestLog.layer,
     FailedRequests.layer,
-    upstreamsLayer,
+    deploymentsLayer(config, options.deploymentRandom),
     admission,
     options.byokGuard ? Byok.layerWith(options.byokGuard) : Byok.layer,
     CredentialsRepo.layer,
@@ -204,7 +218,12 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
 export const appLayer = (config: GatewayConfig, configPath: string, options: AppOptions = {}) => {
   const services = servicesLayer(config, configPath, options)
   const server = Server.layer(
-    { inference: inferenceRouter, account: accountRouter, status: statusRouter, operator: operatorRouter },
+    {
+      inference: inferenceRouter,
+      account: accountRouter,
+      status: statusRouter,
+      operator: Layer.mergeAll(operatorRouter, deploymentRoutes)
+    },
     { everyListener: Health.routes }
   )
   return Layer.provideMerge(Layer.provideMerge(server, services), GatewayLogger.layer(options.logSink))

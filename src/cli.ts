@@ -462,14 +462,100 @@ export const commands: Readonly<Record<string, CommandSpec>> = {
   "worker:token:revoke": workerTokenRevoke
 }
 
+const DEPLOYMENTS_LIST = "deployments:list"
+
+/** Commands that ask a running gateway rather than the database. */
+const gatewayCommands: Readonly<Record<string, Omit<CommandSpec, "run">>> = {
+  [DEPLOYMENTS_LIST]: {
+    usage: "deployments:list [--url http://HOST:PORT] [--json]",
+    summary: "list every model's deployments with their health and load, as a running gateway (replica) sees them; " +
+      "asks the `operator` listener of the config (or --url)",
+    flags: { url: "value", json: "boolean" }
+  }
+}
+
+interface DeploymentRow {
+  readonly model: string
+  readonly deployment: string
+  readonly provider: string
+  readonly upstreamModel: string
+  readonly weight: number
+  readonly priority: number
+  readonly state: string
+  readonly retryInSeconds: number
+  readonly cooling: boolean
+  readonly inFlight: number
+  readonly recentRequests: number
+  readonly recentFailures: number
+}
+
+const table = (rows: ReadonlyArray<ReadonlyArray<string>>): string => {
+  const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)))
+  return rows.map((r) => r.map((cell, i) => cell.padEnd(widths[i]!)).join("  ").trimEnd()).join("\n") + "\n"
+}
+
+/** `deployments:list`: GET /deployments from the operator listener. */
+const listDeployments = async (
+  flags: Flags,
+  io: Io,
+  processEnv: NodeJS.ProcessEnv,
+  fatal: (message: string, code: number) => number
+): Promise<number> => {
+  let url = text(flags, "url")
+  if (url === undefined) {
+    try {
+      const { config } = loadConfig({ env: processEnv, flags: { configPath: text(flags, "config") } })
+      const listener = config.listeners.find((l) => l.origins.includes("operator"))
+      if (listener === undefined) {
+        return fatal("no listener serves the operator origin; add one (README: Metrics) or pass --url", 2)
+      }
+      const host = listener.host === "0.0.0.0" || listener.host === "::" ? "127.0.0.1" : listener.host
+      url = `http://${host.includes(":") ? `[${host}]` : host}:${listener.port}`
+    } catch (error) {
+      return fatal((error as Error).message, 2)
+    }
+  }
+  if (!/^https?:\/\/[^/\s]+\/?$/.test(url)) return fatal(`--url must be http(s)://host:port, got "${url}"`, 2)
+  let rows: ReadonlyArray<DeploymentRow>
+  try {
+    const response = await fetch(`${url.replace(/\/$/, "")}/deployments`, { signal: AbortSignal.timeout(5_000) })
+    if (!response.ok) return fatal(`${url}/deployments answered ${response.status}`, 1)
+    rows = ((await response.json()) as { data: ReadonlyArray<DeploymentRow> }).data
+  } catch (error) {
+    return fatal(`cannot reach the gateway at ${url}: ${(error as Error).message}`, 1)
+  }
+  if (flags.json === true) {
+    io.out(JSON.stringify(rows, null, 2) + "\n")
+    return 0
+  }
+  io.out(table([
+    ["MODEL", "DEPLOYMENT", "PROVIDER", "UPSTREAM MODEL", "WEIGHT", "PRIO", "STATE", "RETRY IN", "IN FLIGHT", "FAILED/RECENT"],
+    ...rows.map((r) => [
+      r.model,
+      r.deployment,
+      r.provider,
+      r.upstreamModel,
+      String(r.weight),
+      String(r.priority),
+      r.cooling ? `${r.state}, cooling` : r.state,
+      r.retryInSeconds > 0 ? `${r.retryInSeconds}s` : "-",
+      String(r.inFlight),
+      `${r.recentFailures}/${r.recentRequests}`
+    ])
+  ]))
+  return 0
+}
+
 export const helpText = (command?: string): string => {
-  const spec = command ? commands[command] : undefined
+  const spec = command ? commands[command] ?? gatewayCommands[command] : undefined
   if (spec) {
     return `Usage: npm run cli -- ${spec.usage}\n\n${spec.summary}.\n\n` +
       "Global flags: --config PATH  --data-dir DIR  --database-url URL (override config/gateway.yaml and env)\n" +
       "              --create (make a new embedded database when the data folder has none)\n"
   }
-  const lines = Object.entries(commands).map(([name, c]) => `  ${name.padEnd(20)} ${c.summary}`)
+  const lines = [...Object.entries(commands), ...Object.entries(gatewayCommands)].map(([name, c]) =>
+    `  ${name.padEnd(20)} ${c.summary}`
+  )
   return [
     "Usage: npm run cli -- <command> [flags]",
     "",
@@ -505,12 +591,14 @@ export const parseArgs = (argv: ReadonlyArray<string>): Parsed => {
       command = arg
     } else tokens.push(arg)
   }
-  if (command !== undefined && !(command in commands)) {
-    throw usage(`unknown command "${command}" (commands: ${Object.keys(commands).join(", ")})`)
+  if (command !== undefined && !(command in commands) && !(command in gatewayCommands)) {
+    throw usage(
+      `unknown command "${command}" (commands: ${[...Object.keys(commands), ...Object.keys(gatewayCommands)].join(", ")})`
+    )
   }
   if (help) return command === undefined ? { _tag: "help" } : { _tag: "help", command }
   if (command === undefined) throw usage("missing command")
-  const spec = { ...GLOBAL_FLAGS, ...commands[command]!.flags }
+  const spec = { ...GLOBAL_FLAGS, ...(commands[command] ?? gatewayCommands[command])!.flags }
   const flags: Record<string, string | true> = {}
   for (let i = 0; i < tokens.length; i++) {
     const arg = tokens[i]!
@@ -625,6 +713,7 @@ export const run = async (
     return 0
   }
   const { command, flags } = parsed
+  if (command === DEPLOYMENTS_LIST) return listDeployments(flags, io, processEnv, fatal)
   let config: GatewayConfig
   let layer: ReturnType<typeof storage>["layer"]
   let owner: EmbeddedLock.EmbeddedOwner | null

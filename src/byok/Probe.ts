@@ -12,6 +12,7 @@
  */
 import { Effect } from "effect"
 import type { Dispatcher } from "undici"
+import { classifyStatus, classifyTransportError, codeOf, type FailureKind } from "../upstream/Failure.js"
 import { type AddressGuard, type GuardOptions, makeAddressGuard, type Refusal, type RefusalCode } from "./AddressGuard.js"
 import type { ByokConfig } from "./Config.js"
 import {
@@ -26,18 +27,7 @@ import {
   resolveBaseUrl
 } from "./Providers.js"
 
-export type ProbeFailureKind =
-  | RefusalCode
-  | "auth_failed"
-  | "permission_denied"
-  | "not_found"
-  | "rate_limited"
-  | "upstream_rejected"
-  | "upstream_error"
-  | "timeout"
-  | "network_error"
-  | "tls_error"
-  | "bad_response"
+export type ProbeFailureKind = FailureKind
 
 export const PROBE_MESSAGES: Readonly<Record<Exclude<ProbeFailureKind, RefusalCode>, string>> = {
   auth_failed: "공급자가 API 키를 거부했습니다(인증 실패). 키를 확인하세요.",
@@ -80,49 +70,12 @@ export type ListResult =
   | ProbeFailure
   | { readonly ok: false; readonly kind: "no_listing"; readonly message: string; readonly detail: string }
 
-/** What a dispatch failure of this kind does to the credential: only auth and permission failures reject it. */
-export const rejectsCredential = (kind: ProbeFailureKind): boolean =>
-  kind === "auth_failed" || kind === "permission_denied"
-
 export const failure = (kind: ProbeFailureKind, detail: string, message?: string): ProbeFailure => ({
   ok: false,
   kind,
   message: message ?? (PROBE_MESSAGES as Record<string, string>)[kind]!,
   detail
 })
-
-/** The kind of a non-2xx, non-3xx answer. A 400 that talks about the key is an auth failure (Gemini does that). */
-export const classifyStatus = (status: number, body: string): ProbeFailureKind => {
-  if (status === 401) return "auth_failed"
-  if (status === 403) return "permission_denied"
-  if (status === 404) return "not_found"
-  if (status === 429) return "rate_limited"
-  if (status === 400 && /api[ _-]?key|invalid_api_key|unauthenticated|authenticat/i.test(body)) return "auth_failed"
-  if (status >= 500) return "upstream_error"
-  return "upstream_rejected"
-}
-
-const codeOf = (error: unknown): string => {
-  const e = error as { code?: unknown; cause?: { code?: unknown } } | null
-  const code = e?.code ?? e?.cause?.code
-  return typeof code === "string" ? code : ""
-}
-
-/** The kind of a transport error (the promise rejected). */
-export const classifyTransportError = (error: unknown): ProbeFailureKind => {
-  const code = codeOf(error)
-  if (code === "UND_ERR_CONNECT_TIMEOUT" || code === "UND_ERR_HEADERS_TIMEOUT" || code === "UND_ERR_BODY_TIMEOUT") {
-    return "timeout"
-  }
-  if (
-    code.startsWith("ERR_TLS_") || code.startsWith("ERR_SSL_") || code.includes("CERT") ||
-    code === "DEPTH_ZERO_SELF_SIGNED_CERT" || code === "UNABLE_TO_VERIFY_LEAF_SIGNATURE" ||
-    code === "SELF_SIGNED_CERT_IN_CHAIN"
-  ) {
-    return "tls_error"
-  }
-  return "network_error"
-}
 
 /** Largest body read from a listing (OpenRouter's catalog is a few MB). */
 export const MAX_LISTING_BYTES = 16 * 1024 * 1024

@@ -84,6 +84,28 @@ export const AnthropicProvider = Schema.Struct({
 export const Provider = Schema.Union([SimulatedProvider, OpenAiCompatibleProvider, AnthropicProvider])
 export type Provider = typeof Provider.Type
 
+/** A name shown in rows, metrics and the operator CLI. */
+const DeploymentId = pattern(/^[A-Za-z0-9][A-Za-z0-9._:\-]{0,63}$/)
+
+/**
+ * One place a catalog model is served: a provider and the model id it knows. Requests are spread by `weight` among
+ * the healthy deployments of the lowest `priority` number that has one; the others take over when none is left.
+ */
+export const Deployment = Schema.Struct({
+  /** Unique within the model; defaults to the provider name (with `#n` when a provider is listed twice). */
+  id: Schema.optional(DeploymentId),
+  provider: Schema.String,
+  model: Schema.String,
+  weight: Positive.pipe(withDefault(() => 1)),
+  /** Lower is preferred: a higher number is used only while no deployment with a lower one is available. */
+  priority: NonNegativeInt.pipe(withDefault(() => 0)),
+  /** Requests in flight on this deployment, per replica; past it the deployment is skipped. */
+  concurrency: Schema.optional(PositiveInt),
+  /** Requests per minute sent to this deployment, per replica; past it the deployment is skipped. */
+  rate_limit_rpm: Schema.optional(PositiveInt)
+})
+export type Deployment = typeof Deployment.Type
+
 export const ModelConfig = Schema.Struct({
   id: pattern(/^[A-Za-z0-9][A-Za-z0-9._:\-]{0,127}$/),
   owned_by: Schema.String,
@@ -108,9 +130,93 @@ export const ModelConfig = Schema.Struct({
   ),
   disabled: Schema.Boolean.pipe(withDefault(() => false)),
   disabled_note: Schema.optional(Schema.String),
-  route: Schema.Struct({ provider: Schema.String, model: Schema.String })
+  /** A single upstream (the original form): the same as one deployment. */
+  route: Schema.optional(Schema.Struct({ provider: Schema.String, model: Schema.String })),
+  /** Several upstreams serving the model (balanced, with failover); exactly one of `route` and `deployments`. */
+  deployments: Schema.optional(Schema.Array(Deployment))
 })
 export type ModelConfig = typeof ModelConfig.Type
+
+/** A deployment with its defaults settled: what the router works with. */
+export interface ResolvedDeployment {
+  readonly id: string
+  readonly provider: string
+  readonly model: string
+  readonly weight: number
+  readonly priority: number
+  readonly concurrency: number | null
+  readonly rate_limit_rpm: number | null
+}
+
+const resolvedDeployments = new WeakMap<ModelConfig, ReadonlyArray<ResolvedDeployment>>()
+
+/**
+ * A model's deployments (its `route` as one deployment), ids settled: the provider name, `#n` appended from the
+ * second time a provider appears without an id. Cached per model object (the catalog replaces objects on reload).
+ */
+export const deploymentsOf = (model: ModelConfig): ReadonlyArray<ResolvedDeployment> => {
+  const cached = resolvedDeployments.get(model)
+  if (cached !== undefined) return cached
+  const listed: ReadonlyArray<Deployment> = model.deployments !== undefined && model.deployments.length > 0
+    ? model.deployments
+    : model.route !== undefined
+    ? [{ provider: model.route.provider, model: model.route.model, weight: 1, priority: 0 }]
+    : []
+  const counts = new Map<string, number>()
+  const resolved = listed.map((d): ResolvedDeployment => {
+    const n = (counts.get(d.provider) ?? 0) + 1
+    counts.set(d.provider, n)
+    return {
+      id: d.id ?? (n === 1 ? d.provider : `${d.provider}#${n}`),
+      provider: d.provider,
+      model: d.model,
+      weight: d.weight,
+      priority: d.priority,
+      concurrency: d.concurrency ?? null,
+      rate_limit_rpm: d.rate_limit_rpm ?? null
+    }
+  })
+  resolvedDeployments.set(model, resolved)
+  return resolved
+}
+
+/** The model's first deployment (the catalog check guarantees one). */
+export const primaryDeployment = (model: ModelConfig): ResolvedDeployment => {
+  const first = deploymentsOf(model)[0]
+  if (first === undefined) throw new Error(`model ${model.id} has no deployment`)
+  return first
+}
+
+/** How long a failing deployment is left out, and when it is. */
+export const HealthPolicy = Schema.Struct({
+  /** Failures in a row (5xx, timeouts, connect errors, upstream 429s) that eject a deployment. */
+  consecutive_failures: PositiveInt.pipe(withDefault(() => 3)),
+  /** Share of failed requests over `window_seconds` (with at least `min_requests`) that ejects a deployment. */
+  failure_rate: Schema.Number.check(Schema.isGreaterThan(0), Schema.isLessThanOrEqualTo(1)).pipe(withDefault(() => 0.5)),
+  window_seconds: PositiveInt.pipe(withDefault(() => 60)),
+  min_requests: PositiveInt.pipe(withDefault(() => 10)),
+  /** The first ejection's length; each ejection that follows a failed trial request doubles it. */
+  open_seconds: Positive.pipe(withDefault(() => 5)),
+  max_open_seconds: Positive.pipe(withDefault(() => 300)),
+  /** The longest an upstream's `Retry-After` keeps a deployment out. */
+  max_retry_after_seconds: Positive.pipe(withDefault(() => 300))
+})
+export type HealthPolicy = typeof HealthPolicy.Type
+
+/** Retrying a request on another deployment, before anything reached the client. */
+export const FailoverPolicy = Schema.Struct({
+  /** Upstream attempts per request, the first included. */
+  max_attempts: PositiveInt.pipe(withDefault(() => 3)),
+  /** No new attempt starts this long after the first one did. */
+  budget_seconds: Positive.pipe(withDefault(() => 30))
+})
+export type FailoverPolicy = typeof FailoverPolicy.Type
+
+export const RoutingConfig = Schema.Struct({
+  health: HealthPolicy.pipe(withDefault(() => Schema.decodeSync(HealthPolicy)({}))),
+  failover: FailoverPolicy.pipe(withDefault(() => Schema.decodeSync(FailoverPolicy)({})))
+})
+export type RoutingConfig = typeof RoutingConfig.Type
 
 export const PlanConfig = Schema.Struct({
   session_limit: PositiveInt,
@@ -146,14 +252,27 @@ export const Catalog = Schema.Struct({
   catalog.models.forEach((model, i) => {
     if (seen.has(model.id)) issues.push({ path: ["models", i, "id"], issue: `duplicate model id ${model.id}` })
     seen.add(model.id)
-    if (!(model.route.provider in catalog.providers)) {
-      issues.push({ path: ["models", i, "route", "provider"], issue: `unknown provider ${model.route.provider}` })
-    } else if (model.supports_embeddings && catalog.providers[model.route.provider]!.kind === "anthropic") {
-      issues.push({
-        path: ["models", i, "supports_embeddings"],
-        issue: `provider ${model.route.provider} is anthropic, which has no embeddings API`
-      })
+    const listed = model.deployments !== undefined
+    if (listed === (model.route !== undefined)) {
+      issues.push({ path: ["models", i], issue: "a model needs exactly one of route and deployments" })
+    } else if (listed && model.deployments!.length === 0) {
+      issues.push({ path: ["models", i, "deployments"], issue: "deployments must not be empty" })
     }
+    const where = listed ? "deployments" : "route"
+    const ids = new Set<string>()
+    deploymentsOf(model).forEach((d, j) => {
+      const path = listed ? ["models", i, where, j] : ["models", i, where]
+      if (ids.has(d.id)) issues.push({ path: [...path, "id"], issue: `duplicate deployment id ${d.id}` })
+      ids.add(d.id)
+      if (!(d.provider in catalog.providers)) {
+        issues.push({ path: [...path, "provider"], issue: `unknown provider ${d.provider}` })
+      } else if (model.supports_embeddings && catalog.providers[d.provider]!.kind === "anthropic") {
+        issues.push({
+          path: ["models", i, "supports_embeddings"],
+          issue: `provider ${d.provider} is anthropic, which has no embeddings API`
+        })
+      }
+    })
     if (model.supports_reasoning && model.reasoning_efforts.length === 0) {
       issues.push({ path: ["models", i, "reasoning_efforts"], issue: "a reasoning model needs allowed efforts" })
     }
@@ -266,6 +385,8 @@ export const GatewayConfig = Schema.Struct({
   images: ImagesConfig.pipe(withDefault(() => Schema.decodeSync(ImagesConfig)({}))),
   /** Public status resources and the status page (src/status/Config.ts). */
   status: StatusConfig.pipe(withDefault(() => Schema.decodeSync(StatusConfig)({}))),
+  /** Balancing, health and failover over a model's deployments. */
+  routing: RoutingConfig.pipe(withDefault(() => Schema.decodeSync(RoutingConfig)({}))),
   catalog: Catalog
 }).check(Schema.makeFilter((config) =>
   config.default_plan in config.plans

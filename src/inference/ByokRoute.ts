@@ -14,7 +14,6 @@ import { Effect } from "effect"
 import type { Caller } from "../auth/Auth.js"
 import { Byok } from "../byok/Byok.js"
 import { Credentials } from "../byok/Credentials.js"
-import { rejectsCredential } from "../byok/Probe.js"
 import { type ByokReference, rpmWindowOf } from "../byok/Reference.js"
 import type { ModelConfig } from "../config/GatewayConfig.js"
 import { LiveCatalog, Settings } from "../config/Live.js"
@@ -22,7 +21,7 @@ import { AccountMessages, fail, type GatewayError } from "../errors/Catalog.js"
 import { Admission } from "../quota/Admission.js"
 import type { UpstreamAdapter, UpstreamError } from "../upstream/Upstream.js"
 import type { Exchange } from "./Exchange.js"
-import { byokUpstreamFailure, dispatchFailureKind } from "./UpstreamErrors.js"
+import { classify, type Failure } from "../upstream/Failure.js"
 
 const admissionModels = new Map<string, ModelConfig>()
 
@@ -118,17 +117,17 @@ export const runByok = <A, R>(exchange: Exchange, caller: Caller, reference: Byo
       byok: true
     })
 
-    let dispatchError: UpstreamError | null = null
+    let dispatchFailure: Failure | null = null
     const mapFailure = (error: UpstreamError): GatewayError => {
-      dispatchError = error
-      return byokUpstreamFailure(error)
+      const failure = classify(error, "byok")
+      dispatchFailure = failure
+      return failure.error
     }
     return yield* plan.attempt(credential.adapter, mapFailure).pipe(
       Effect.catch((error): Effect.Effect<A, GatewayError, R> => {
-        const failed = dispatchError as UpstreamError | null
+        const failed = dispatchFailure as Failure | null
         if (failed === null) return Effect.fail(error)
-        const kind = dispatchFailureKind(failed)
-        const condemn = rejectsCredential(kind) ? credentials.reject(credential, kind) : Effect.void
+        const condemn = failed.condemns ? credentials.reject(credential, failed.kind) : Effect.void
         return Effect.andThen(condemn, fallBack(error))
       })
     )

@@ -5,19 +5,20 @@
  */
 import { Effect } from "effect"
 import { HttpRouter } from "effect/http"
-import type { PlanConfig } from "../config/GatewayConfig.js"
+import { type PlanConfig, primaryDeployment } from "../config/GatewayConfig.js"
 import { LiveCatalog, Settings } from "../config/Live.js"
 import { renderInference } from "../errors/Render.js"
 import { Admission } from "../quota/Admission.js"
 import { completeChat } from "../upstream/Complete.js"
 import type { GatewayError } from "../errors/Catalog.js"
-import { type UpstreamAdapter, type UpstreamError, type UpstreamRequest, Upstreams } from "../upstream/Upstream.js"
+import { type UpstreamAdapter, type UpstreamError, type UpstreamRequest } from "../upstream/Upstream.js"
+import { Deployments } from "../deployments/Router.js"
 import { runByok } from "./ByokRoute.js"
 import { type PoolChat, prepareChat, prepareForModel } from "./ChatPrepare.js"
 import { accumulate, completionResponse, sseFraming, streamHeaders } from "./ChatWire.js"
 import { Exchange, exchangeRoute } from "./Exchange.js"
 import { sseBody, sseResponse } from "./SseBody.js"
-import { upstreamFailure } from "./UpstreamErrors.js"
+import { upstreamFailure } from "../upstream/Failure.js"
 
 type MapFailure = (error: UpstreamError) => GatewayError
 
@@ -78,7 +79,7 @@ export const chatCompletions = HttpRouter.add(
     const catalog = yield* LiveCatalog
     const settings = yield* Settings
     const admission = yield* Admission
-    const upstreams = yield* Upstreams
+    const deployments = yield* Deployments
 
     return yield* exchangeRoute({ render: renderInference }, (exchange, request) => {
       const caller = exchange.caller
@@ -90,7 +91,7 @@ export const chatCompletions = HttpRouter.add(
       /** A catalog model: admitted against the pools, sent to its provider. */
       const pooled = ({ model, upstream }: PoolChat) =>
         Effect.gen(function*() {
-          exchange.routeTo(model.route.provider)
+          exchange.routeTo(primaryDeployment(model).provider)
           yield* exchange.admit(admission, {
             accountId: caller.account.id,
             plan,
@@ -98,8 +99,7 @@ export const chatCompletions = HttpRouter.add(
             estimatedInputTokens: exchange.estimatedInput,
             byok: false
           })
-          const adapter = yield* upstreams.get(model.route.provider).pipe(Effect.mapError(upstreamFailure))
-          return yield* respond(adapter, upstream, upstreamFailure)
+          return yield* respond(deployments.forModel(model, exchange), upstream, upstreamFailure)
         })
 
       return Effect.gen(function*() {

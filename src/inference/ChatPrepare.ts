@@ -5,7 +5,7 @@
  */
 import { Effect, Result } from "effect"
 import type { HttpServerRequest } from "effect/http"
-import type { LimitsConfig, ModelConfig } from "../config/GatewayConfig.js"
+import { type LimitsConfig, type ModelConfig, primaryDeployment } from "../config/GatewayConfig.js"
 import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
 import { readJsonWith } from "../http/Body.js"
 import { type ByokReference, isByokModel, parseReference } from "../byok/Reference.js"
@@ -99,7 +99,7 @@ export const upstreamRequest = (
   model: ModelConfig,
   effort: ReasoningEffort | undefined,
   maxTokens: number
-): UpstreamRequest => toUpstream(req, model.route.model, effort, maxTokens)
+): UpstreamRequest => toUpstream(req, primaryDeployment(model).model, effort, maxTokens)
 
 /**
  * What is sent through a credential: the provider's model id verbatim, `max_tokens` only when the client set one

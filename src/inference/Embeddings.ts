@@ -9,7 +9,9 @@ import { renderInference } from "../errors/Render.js"
 import { json } from "../http/Respond.js"
 import { Admission } from "../quota/Admission.js"
 import type { GatewayError } from "../errors/Catalog.js"
-import { type UpstreamAdapter, type UpstreamError, Upstreams } from "../upstream/Upstream.js"
+import { type UpstreamAdapter, type UpstreamError } from "../upstream/Upstream.js"
+import { Deployments } from "../deployments/Router.js"
+import { primaryDeployment } from "../config/GatewayConfig.js"
 import { runByok } from "./ByokRoute.js"
 import {
   type EmbeddingsRequest,
@@ -20,7 +22,7 @@ import {
   toBase64Float32
 } from "./EmbeddingsRequest.js"
 import { type Exchange, exchangeRoute } from "./Exchange.js"
-import { upstreamFailure } from "./UpstreamErrors.js"
+import { upstreamFailure } from "../upstream/Failure.js"
 
 /**
  * The OpenAI list shape; vectors of catalog models fitted to the spec's fixed size, BYOK vectors as they came.
@@ -54,7 +56,7 @@ export const embeddings = HttpRouter.add(
     const catalog = yield* LiveCatalog
     const settings = yield* Settings
     const admission = yield* Admission
-    const upstreams = yield* Upstreams
+    const deployments = yield* Deployments
     return yield* exchangeRoute({ render: renderInference, operation: "embeddings" }, (exchange, request) => {
       const caller = exchange.caller
       /** One call; the exchange completes with its usage. */
@@ -74,7 +76,8 @@ export const embeddings = HttpRouter.add(
         })
       const pooled = ({ inputs, model, request: req }: PoolEmbeddings) =>
         Effect.gen(function*() {
-          exchange.routeTo(model.route.provider)
+          const primary = primaryDeployment(model)
+          exchange.routeTo(primary.provider)
           yield* exchange.admit(admission, {
             accountId: caller.account.id,
             plan: settings.planFor(caller.account.plan),
@@ -82,8 +85,8 @@ export const embeddings = HttpRouter.add(
             estimatedInputTokens: exchange.estimatedInput,
             byok: false
           })
-          const adapter = yield* upstreams.get(model.route.provider).pipe(Effect.mapError(upstreamFailure))
-          return answer(exchange, model.id, req, yield* embed(adapter, model.route.model, inputs, upstreamFailure), true)
+          const adapter = deployments.forModel(model, exchange)
+          return answer(exchange, model.id, req, yield* embed(adapter, primary.model, inputs, upstreamFailure), true)
         })
       return Effect.gen(function*() {
         const prepared = yield* prepareEmbeddings(request, exchange, settings.config.limits, catalog.current().byId)

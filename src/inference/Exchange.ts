@@ -18,7 +18,7 @@ import { type Completion, requestRow, type RowSource, tokensPerSecond } from "..
 import { CurrentTelemetry, type Operation, type Series, type Telemetry } from "../telemetry/Telemetry.js"
 import type { Usage } from "../upstream/Upstream.js"
 import { UNKNOWN_MODEL_ID } from "./JsonGuard.js"
-import { isUpstreamFailure } from "./UpstreamErrors.js"
+import { isUpstreamFailure } from "../upstream/Failure.js"
 
 /** Streams measured from first event to end over less than this (one burst) measure tps from dispatch. */
 export const MIN_STREAM_SPAN_MS = 50

@@ -55,9 +55,8 @@ export type UpstreamEvent =
  * - `connect`: could not connect (503 service_unavailable)
  * - `timeout`: connect / first token / idle / total timeout (503 upstream_timeout)
  * - `rate_limited`: upstream answered 429 (503 upstream_rate_limited, retryable)
- * - `status`: upstream answered another non-2xx (mapped in src/inference/UpstreamErrors.ts: a context-length
- *   refusal -> 400 input_too_long, other 400/404/409/413/422 -> 400 upstream_rejected, 401/403 -> 500
- *   upstream_error that SDKs must not retry, 5xx -> 500 upstream_error)
+ * - `status`: upstream answered another non-2xx
+ * What each means for the client, for failover and for health is decided in one place: `./Failure.ts`.
  * - `protocol`: unparseable answer (500 upstream_error)
  * - `address`: the BYOK address guard refused the connection (where a user's URL leads; 400 address_not_allowed)
  */
@@ -67,6 +66,8 @@ export class UpstreamError extends Data.TaggedError("UpstreamError")<{
   readonly detail: string
   /** Usage the upstream had reported before the failure (a stream cut after its usage chunk). */
   readonly usage?: Usage
+  /** The upstream's `Retry-After` (a 429), in milliseconds. */
+  readonly retryAfterMs?: number
 }> {}
 
 /**

@@ -15,15 +15,8 @@ import * as Path from "node:path"
 import { afterAll, beforeAll } from "vitest"
 import type { AddressGuard, Resolver } from "../../src/byok/AddressGuard.js"
 import { type ByokConfigEncoded, decodeByokConfig } from "../../src/byok/Config.js"
-import {
-  classifyStatus,
-  listModels,
-  makeByokGuard,
-  probe,
-  type ProbeCredential,
-  type ProbeResult,
-  rejectsCredential
-} from "../../src/byok/Probe.js"
+import { listModels, makeByokGuard, probe, type ProbeCredential, type ProbeResult } from "../../src/byok/Probe.js"
+import { classifyStatus, rejectsCredential } from "../../src/upstream/Failure.js"
 import { makeProviderCatalog, validateCredentialInput } from "../../src/byok/Providers.js"
 
 const SECRET = "sk-CANARY-7d1e0f5a9b3c4d2e8f6a"

@@ -34,6 +34,8 @@ export interface GatewayOptions {
   readonly imageWork?: AppOptions["imageWork"]
   /** Where log lines go (default: stdout). */
   readonly logSink?: AppOptions["logSink"]
+  /** The deployment balancer's chance (a seeded generator makes choices repeatable). */
+  readonly deploymentRandom?: AppOptions["deploymentRandom"]
 }
 
 type AppServices = Layer.Success<ReturnType<typeof appLayer>>
@@ -74,7 +76,8 @@ export const startGateway = async (options: GatewayOptions = {}): Promise<TestGa
     ...(options.images ? { images: options.images } : {}),
     ...(options.sqlTap ? { sqlTap: options.sqlTap } : {}),
     ...(options.imageWork ? { imageWork: options.imageWork } : {}),
-    ...(options.logSink ? { logSink: options.logSink } : {})
+    ...(options.logSink ? { logSink: options.logSink } : {}),
+    ...(options.deploymentRandom ? { deploymentRandom: options.deploymentRandom } : {})
   }))
   const key = await runtime.runPromise(ensureDevAccount)
   const { listeners } = await runtime.runPromise(BoundListeners)

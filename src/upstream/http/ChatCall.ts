@@ -25,6 +25,7 @@ import {
 } from "../Upstream.js"
 import type { ChatCodec, ChatDecoder, HttpRequest } from "./Codec.js"
 import { SseParser } from "./Sse.js"
+import { retryAfterMs } from "../Failure.js"
 import { ABORTED, headerText, type HttpTransport, MAX_ERROR_BODY, MAX_JSON_BODY, transportError } from "./Transport.js"
 
 /** Most characters of upstream text quoted in a failure or a warning. */
@@ -45,6 +46,8 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
   private ended = false
   private mode = HEADERS
   private status = 0
+  /** A non-2xx answer's `Retry-After`, in milliseconds. */
+  private retryAfterMs: number | undefined = undefined
   private body: Array<Buffer> | undefined = undefined
   private bodySize = 0
   private text: StringDecoder | undefined = undefined
@@ -134,6 +137,7 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
     if (status >= 300) {
       this.mode = FAILED
       this.body = []
+      this.retryAfterMs = retryAfterMs(headerText(headers["retry-after"]), this.clock.currentTimeMillisUnsafe())
     } else if (headerText(headers["content-type"]).includes("text/event-stream")) {
       this.mode = SSE
       this.text = new StringDecoder("utf8")
@@ -154,7 +158,7 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
       if (this.bodySize <= (this.mode === JSON_BODY ? MAX_JSON_BODY : MAX_ERROR_BODY)) this.body!.push(chunk)
       else if (this.mode === JSON_BODY) this.fail(new UpstreamError({ kind: "protocol", detail: "answer too large" }))
       // An error body past its bound: what was read makes the message; the rest (maybe endless) is not waited for.
-      else this.fail(this.codec.statusError(this.status, Buffer.concat(this.body!).toString("utf8")))
+      else this.fail(this.statusError(Buffer.concat(this.body!).toString("utf8")))
       return
     }
     try {
@@ -186,7 +190,7 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
     const body = this.body!
     const text = body.length === 1 ? body[0]!.toString("utf8") : Buffer.concat(body).toString("utf8")
     this.body = undefined
-    if (this.mode === FAILED) return this.fail(this.codec.statusError(this.status, text))
+    if (this.mode === FAILED) return this.fail(this.statusError(text))
     let json: unknown
     try {
       json = JSON.parse(text)
@@ -210,6 +214,18 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
   // --- the answer's state ---------------------------------------------------------------------
 
   /** The answer is complete (`sawDone` or end of body): `Finish`/`Usage`, or the reason it is not. */
+  /** The codec's error for this non-2xx answer, with its `Retry-After`. */
+  private statusError(text: string): UpstreamError {
+    const error = this.codec.statusError(this.status, text)
+    if (this.retryAfterMs === undefined) return error
+    return new UpstreamError({
+      kind: error.kind,
+      detail: error.detail,
+      retryAfterMs: this.retryAfterMs,
+      ...(error.status === undefined ? {} : { status: error.status })
+    })
+  }
+
   private finish(): void {
     const decoder = this.decoder
     const problem = decoder.error ?? decoder.end()

@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto"
 import { describe, expect, it } from "vitest"
-import { upstreamFailure } from "../../../src/inference/UpstreamErrors.js"
+import { upstreamFailure } from "../../../src/upstream/Failure.js"
 import { encodeRequest, type EncodeOptions, thinkingBudget } from "../../../src/upstream/anthropic/Encode.js"
 import { type Message, UpstreamError, type UpstreamRequest } from "../../../src/upstream/Upstream.js"
 

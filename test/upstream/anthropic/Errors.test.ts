@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest"
-import { upstreamFailure } from "../../../src/inference/UpstreamErrors.js"
+import { upstreamFailure } from "../../../src/upstream/Failure.js"
 import { errorFromEvent, mapError, MAX_MESSAGE } from "../../../src/upstream/anthropic/Errors.js"
 import { errorBody } from "../../support/FakeAnthropic.js"
 

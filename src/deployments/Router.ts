@@ -1,0 +1,276 @@
+/**
+ * The `Deployments` service: sends a catalog model's requests to its deployments. For each request it hands out an
+ * `UpstreamAdapter` whose `open` and `embed` pick a deployment (`Balancer.ts`), call it through its provider's
+ * adapter (`Upstreams`) and, when the call fails before anything reached the client, try the next one:
+ *
+ * - only failures `upstream/Failure.ts` calls retryable move on (a refusal of the request itself is answered as it
+ *   is); never to a deployment this request already tried; at most `routing.failover.max_attempts` attempts, and no
+ *   new one `budget_seconds` after the first started. Each attempt waits for its first byte as long as its
+ *   provider's own timeouts allow.
+ * - an upstream `Retry-After` cools that deployment (no request waits for it).
+ * - the outcome of every attempt feeds the deployment's health (`Health.ts`): the first-byte failure, or, for the
+ *   attempt that answered, how its answer ended. A failure after the first byte is never retried.
+ * - a model with one deployment always tries it: with nothing to fail over to, health does not keep it out.
+ *
+ * The request's admission (quota, RPM, the model's in-flight cap) happens once, before; attempts share its ticket,
+ * so failover neither charges twice nor takes a second slot. Per-deployment `concurrency` and `rate_limit_rpm` are
+ * counted per replica.
+ */
+import { Clock, Context, Effect, Layer } from "effect"
+import {
+  deploymentsOf,
+  type ModelConfig,
+  type ResolvedDeployment,
+  type RoutingConfig
+} from "../config/GatewayConfig.js"
+import { classify } from "../upstream/Failure.js"
+import {
+  type UpstreamAdapter,
+  type UpstreamCall,
+  UpstreamError,
+  type UpstreamRequest,
+  Upstreams,
+  type UpstreamSink
+} from "../upstream/Upstream.js"
+import { type Candidate, pick } from "./Balancer.js"
+import { type CircuitState, HealthBook, type HealthEvent } from "./Health.js"
+
+/** What the request learns of its attempts (the exchange: its row's `deployment` and `attempts`). */
+export interface AttemptObserver {
+  readonly attempt: (deployment: string) => void
+}
+
+/** One deployment as the operator sees it. */
+export interface DeploymentStatus {
+  readonly model: string
+  readonly deployment: string
+  readonly provider: string
+  readonly upstreamModel: string
+  readonly weight: number
+  readonly priority: number
+  readonly state: CircuitState
+  /** Seconds until an open circuit's trial, or until a `Retry-After` ends; 0 when neither. */
+  readonly retryInSeconds: number
+  readonly cooling: boolean
+  readonly inFlight: number
+  readonly recentRequests: number
+  readonly recentFailures: number
+  readonly consecutiveFailures: number
+}
+
+export class Deployments extends Context.Service<Deployments, {
+  /** The adapter for one request on `model`: balanced over its deployments, with failover before the first byte. */
+  readonly forModel: (model: ModelConfig, observer: AttemptObserver) => UpstreamAdapter
+  /** Every deployment of the given models, with its health and load on this replica. */
+  readonly status: (models: ReadonlyArray<ModelConfig>) => Effect.Effect<ReadonlyArray<DeploymentStatus>>
+  /** Applies a health change made by another replica (on this service's clock). */
+  readonly apply: (event: HealthEvent) => void
+}>()("wellspring/deployments/Deployments") {}
+
+/** Where health changes go to reach the other replicas (a no-op without Redis). */
+export type ShareHealth = (event: HealthEvent) => void
+
+export interface RouterOptions {
+  readonly routing: RoutingConfig
+  /** The balancer's chance, in [0, 1); a seeded one makes choices repeatable. */
+  readonly random?: (() => number) | undefined
+  readonly share?: ShareHealth | undefined
+}
+
+/** Requests in flight and sent this minute, per deployment key (this replica). */
+interface Load {
+  inFlight: number
+  minute: number
+  sent: number
+}
+
+const keyOf = (model: ModelConfig, deployment: ResolvedDeployment): string => `${model.id}/${deployment.id}`
+
+const NO_DEPLOYMENT = (model: string) =>
+  new UpstreamError({ kind: "connect", detail: `no deployment of ${model} is available` })
+
+export const makeRouter = (options: RouterOptions) =>
+  Effect.gen(function*() {
+    const upstreams = yield* Upstreams
+    const layerClock = yield* Clock.Clock
+    const random = options.random ?? Math.random
+    const failover = options.routing.failover
+    const book = new HealthBook(() => options.routing.health, options.share)
+    const loads = new Map<string, Load>()
+
+    const loadOf = (key: string): Load => {
+      let load = loads.get(key)
+      if (load === undefined) {
+        load = { inFlight: 0, minute: 0, sent: 0 }
+        loads.set(key, load)
+      }
+      return load
+    }
+
+    interface Choice extends Candidate {
+      readonly key: string
+      readonly load: Load
+    }
+
+    /** The deployments that may take an attempt now, not counting those already tried. */
+    const candidates = (model: ModelConfig, tried: ReadonlySet<string>, now: number): Array<Choice> => {
+      const all = deploymentsOf(model)
+      const alone = all.length === 1
+      const minute = Math.floor(now / 60_000)
+      const out: Array<Choice> = []
+      for (const deployment of all) {
+        if (tried.has(deployment.id)) continue
+        const key = keyOf(model, deployment)
+        const load = loadOf(key)
+        if (!alone && book.availability(key, now) === "no") continue
+        if (deployment.concurrency !== null && load.inFlight >= deployment.concurrency) continue
+        if (deployment.rate_limit_rpm !== null && load.minute === minute && load.sent >= deployment.rate_limit_rpm) {
+          continue
+        }
+        out.push({ deployment, key, load, inFlight: load.inFlight })
+      }
+      return out
+    }
+
+    const begin = (choice: Choice, now: number): void => {
+      const minute = Math.floor(now / 60_000)
+      const load = choice.load
+      if (load.minute !== minute) {
+        load.minute = minute
+        load.sent = 0
+      }
+      load.sent += 1
+      load.inFlight += 1
+      book.begin(choice.key, now)
+    }
+
+    /** Ends one attempt's hold on its deployment, with its outcome for health; idempotent. */
+    const ender = (choice: Choice, clock: Clock.Clock) => {
+      let ended = false
+      return (outcome: "success" | "neutral" | UpstreamError): void => {
+        if (ended) return
+        ended = true
+        choice.load.inFlight -= 1
+        if (outcome === "neutral") return book.neutral(choice.key)
+        const now = clock.currentTimeMillisUnsafe()
+        if (outcome === "success") return book.success(choice.key, now)
+        const failure = classify(outcome, "catalog")
+        if (failure.health) book.failure(choice.key, now, failure.retryAfterMs)
+        else book.neutral(choice.key)
+      }
+    }
+
+    /**
+     * Runs `call` on deployments in turn until one succeeds, a failure is not retryable, or the attempts or the
+     * budget run out; the last failure is the answer then.
+     */
+    const attempts = <A>(
+      model: ModelConfig,
+      observer: AttemptObserver,
+      call: (
+        deployment: ResolvedDeployment,
+        adapter: UpstreamAdapter,
+        end: (outcome: "success" | "neutral" | UpstreamError) => void
+      ) => Effect.Effect<A, UpstreamError>
+    ): Effect.Effect<A, UpstreamError> =>
+      Effect.gen(function*() {
+        const clock = yield* Clock.Clock
+        const started = clock.currentTimeMillisUnsafe()
+        const tried = new Set<string>()
+        let last: UpstreamError | null = null
+        for (let attempt = 0; attempt < failover.max_attempts; attempt++) {
+          const now = clock.currentTimeMillisUnsafe()
+          if (attempt > 0 && now - started >= failover.budget_seconds * 1000) break
+          const choice = pick(candidates(model, tried, now), random)
+          if (choice === null) break
+          tried.add(choice.deployment.id)
+          observer.attempt(choice.deployment.id)
+          begin(choice, now)
+          const end = ender(choice, clock)
+          const result = yield* upstreams.get(choice.deployment.provider).pipe(
+            Effect.flatMap((adapter) => call(choice.deployment, adapter, end)),
+            Effect.onInterrupt(() => Effect.sync(() => end("neutral"))),
+            Effect.result
+          )
+          if (result._tag === "Success") return result.success
+          const error = result.failure
+          end(error)
+          last = error
+          if (!classify(error, "catalog").retryable) break
+          if (attempt + 1 < failover.max_attempts) {
+            yield* Effect.logInfo("deployment failed before the first byte; trying another").pipe(
+              Effect.annotateLogs({ model: model.id, deployment: choice.deployment.id, kind: error.kind })
+            )
+          }
+        }
+        return yield* Effect.fail(last ?? NO_DEPLOYMENT(model.id))
+      })
+
+    /** The sink of one attempt: passes everything on, and ends the attempt's hold with how the answer ended. */
+    const watched = (sink: UpstreamSink, end: (outcome: "success" | UpstreamError) => void): UpstreamSink => ({
+      onEvents: (events) => sink.onEvents(events),
+      onEnd: () => {
+        end("success")
+        sink.onEnd()
+      },
+      onError: (error) => {
+        end(error)
+        sink.onError(error)
+      }
+    })
+
+    const forModel = (model: ModelConfig, observer: AttemptObserver): UpstreamAdapter => ({
+      open: (request: UpstreamRequest, sink: UpstreamSink) =>
+        attempts(model, observer, (deployment, adapter, end) =>
+          Effect.map(
+            adapter.open({ ...request, model: deployment.model }, watched(sink, end)),
+            (call): UpstreamCall => ({
+              first: call.first,
+              resume: call.resume,
+              abort: () => {
+                end("neutral")
+                call.abort()
+              }
+            })
+          )),
+      embed: (_model, input) =>
+        attempts(model, observer, (deployment, adapter, end) =>
+          Effect.tap(adapter.embed(deployment.model, input), () => Effect.sync(() => end("success"))))
+    })
+
+    const status = (models: ReadonlyArray<ModelConfig>) =>
+      Effect.map(Clock.currentTimeMillis, (now) =>
+        models.flatMap((model) => {
+          const all = deploymentsOf(model)
+          return all.map((deployment): DeploymentStatus => {
+            const key = keyOf(model, deployment)
+            const view = book.view(key, now)
+            const until = Math.max(view.openUntil ?? 0, view.coolUntil ?? 0)
+            return {
+              model: model.id,
+              deployment: deployment.id,
+              provider: deployment.provider,
+              upstreamModel: deployment.model,
+              weight: deployment.weight,
+              priority: deployment.priority,
+              state: view.state,
+              retryInSeconds: until > now ? Math.ceil((until - now) / 1000) : 0,
+              cooling: view.coolUntil !== null,
+              inFlight: loads.get(key)?.inFlight ?? 0,
+              recentRequests: view.recent,
+              recentFailures: view.recentFailures,
+              consecutiveFailures: view.streak
+            }
+          })
+        }))
+
+    return Deployments.of({
+      forModel,
+      status,
+      apply: (event) => book.apply(event, layerClock.currentTimeMillisUnsafe())
+    })
+  })
+
+/** The router with health local to this process. */
+export const layer = (options: RouterOptions): Layer.Layer<Deployments, never, Upstreams> =>
+  Layer.effect(Deployments, makeRouter(options))
