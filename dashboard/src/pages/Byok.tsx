@@ -17,11 +17,10 @@ interface ProviderRow {
 const FIELD_TEXT: Record<string, string> = {
   base_url: "기본 URL (https)",
   resource: "Azure 리소스 이름",
-  deployment: "배포 이름",
   api_version: "API 버전",
-  organization: "조직 ID",
-  project: "프로젝트 ID",
-  region: "리전"
+  organization_id: "조직 ID",
+  project_id: "프로젝트 ID",
+  region: "리전 (us 또는 eu)"
 }
 const SCHEME_TEXT: Record<string, string> = { bearer: "Bearer 토큰", "api-key": "api-key 헤더", "x-api-key": "x-api-key 헤더" }
 const CRED_STATUS: Record<string, string> = { active: "정상", rejected: "거부됨" }
