@@ -3,7 +3,8 @@
  * overview load on demand, so the first load stays small); a 401 anywhere returns to the sign-in page.
  */
 import { render } from "preact"
-import { useEffect, useState } from "preact/hooks"
+import type { ComponentChildren } from "preact"
+import { useEffect, useErrorBoundary, useState } from "preact/hooks"
 import lazy, { ErrorBoundary } from "preact-iso/lazy"
 import { LocationProvider, Route, Router, useLocation } from "preact-iso/router"
 import { api, get, onUnauthorized } from "./api"
@@ -115,6 +116,7 @@ const Shell = () => {
         </div>
       </header>
       <main id="main">
+        <PageErrors key={location.path}>
         <ErrorBoundary>
           <Router>
             <Route path={`${BASE}/`} component={Overview} />
@@ -126,9 +128,26 @@ const Shell = () => {
             <Route default component={NotFound} />
           </Router>
         </ErrorBoundary>
+        </PageErrors>
       </main>
     </>
   )
+}
+
+/** A page that fails to render (or whose code fails to load) shows a Korean note, never a blank page. */
+const PageErrors = ({ children }: { children: ComponentChildren }) => {
+  const [error, reset] = useErrorBoundary()
+  if (error) {
+    return (
+      <div class="note error" role="alert">
+        이 페이지를 표시하지 못했습니다. 새로 고침하거나 잠시 후 다시 시도하세요.{" "}
+        <button type="button" onClick={reset}>
+          다시 시도
+        </button>
+      </div>
+    )
+  }
+  return <>{children}</>
 }
 
 const NotFound = () => (
