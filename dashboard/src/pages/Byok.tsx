@@ -174,7 +174,7 @@ export const Byok = () => {
       <ErrorNote message={action.error} />
       <Note message={action.note} />
       {data && (
-        <div class="grid">
+        <>
           <Section title="등록된 자격 증명" id="creds-title">
             {data.credentials.length === 0 ? (
               <p>등록된 자격 증명이 없습니다.</p>
@@ -194,7 +194,7 @@ export const Byok = () => {
                   <tbody>
                     {data.credentials.map((c: any) => (
                       <tr key={c.id} data-credential-id={c.id}>
-                        <td>
+                        <td class="wrap">
                           {providerLabel.get(c.provider) ?? c.provider} · {c.label}
                           <div class="muted">
                             <code>{c.masked_hint}…</code> · 확인 {when(c.last_verified_at)}
@@ -289,6 +289,7 @@ export const Byok = () => {
               </div>
             )}
           </Section>
+          <div class="grid">
           <Section title="자격 증명 추가" id="add-title">
             <AddCredential providers={data.providers} onSaved={byok.reload} />
           </Section>
@@ -296,6 +297,7 @@ export const Byok = () => {
             <p>
               BYOK 호출이 실패하면 자격 증명에 지정한 대체 모델(공용 풀)로 응답합니다. 대체된 요청은 내 사용 한도에서 차감됩니다.
             </p>
+            <div class="row">
             <label for="byok-fallback">대체 사용</label>
             <select
               id="byok-fallback"
@@ -313,9 +315,11 @@ export const Byok = () => {
               <option value="on">켜기</option>
               <option value="off">끄기</option>
             </select>
+            </div>
             <p class="hint">현재: {data.fallback_enabled ? "켜짐" : "꺼짐"}</p>
           </Section>
-        </div>
+          </div>
+        </>
       )}
     </>
   )
