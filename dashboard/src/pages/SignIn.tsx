@@ -49,7 +49,8 @@ export const SignIn = ({ onSignedIn }: { onSignedIn: (name: string) => void }) =
         </form>
         <ErrorNote message={error} />
         <p class="hint">
-          키가 없다면 운영자에게 요청하세요. 로컬 개발 서버는 처음 시작할 때 <code>API key:</code> 줄에 키를 출력합니다.
+          키가 없다면 운영자에게 요청하세요. 로컬 개발 서버는 처음 시작할 때 <code>API key:</code> 줄에 키를 출력합니다. 그 줄을
+          놓쳤다면 <code>npm run cli -- key:create --username dev</code> 로 새 키를 만들 수 있습니다.
         </p>
       </div>
     </main>
