@@ -1,6 +1,6 @@
 /**
  * `POST /api/user/me/images/generate` on the account origin: the dashboard's generate form. The same generation
- * as `POST /v1/images/nai/generate-image` (Route.ts `runGeneration`: gates, body, content policy, active preset,
+ * as `POST /v1/images/nai/generate-image` (Generate.ts `runGeneration`: gates, body, content policy, active preset,
  * pending slot, queue, gallery), with the account API's authentication (the `ws-session` cookie with its
  * cross-site check, or a Bearer key) and its wrapped answer: `{success: true, data: {id, download_url, width,
  * height, seed}}`, the image being in the gallery under `id`. Errors are `{success: false, error: {message, type,
@@ -12,7 +12,7 @@ import { authenticateAccount } from "../accounts/SessionAuth.js"
 import { renderAccount } from "../errors/Render.js"
 import { json } from "../http/Respond.js"
 import { exchangeRoute } from "../inference/Exchange.js"
-import { IMAGE_MODEL_ID, runGeneration } from "./Route.js"
+import { IMAGE_MODEL_ID, runGeneration } from "./Generate.js"
 
 export const DASHBOARD_GENERATE_PATH = "/api/user/me/images/generate"
 
