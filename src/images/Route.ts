@@ -17,8 +17,6 @@ import { exchangeRoute } from "../inference/Exchange.js"
 import { IMAGE_MODEL_ID, runGeneration } from "./Generate.js"
 import { zipImage } from "./Zip.js"
 
-export { IMAGE_MODEL_ID, newJobId } from "./Generate.js"
-
 export const IMAGE_PATH = "/v1/images/nai/generate-image"
 
 export const generateImage = HttpRouter.add(
