@@ -7,7 +7,7 @@ import type { ComponentChildren } from "preact"
 import { useEffect, useErrorBoundary, useState } from "preact/hooks"
 import lazy, { ErrorBoundary } from "preact-iso/lazy"
 import { LocationProvider, Route, Router, useLocation } from "preact-iso/router"
-import { api, get, onUnauthorized } from "./api"
+import { api, ApiError, get, onUnauthorized } from "./api"
 import { Overview } from "./pages/Overview"
 import { SignIn } from "./pages/SignIn"
 import "./styles.css"
@@ -45,7 +45,8 @@ const Shell = () => {
     })
     get("/api/user/me").then(
       (me) => setWho({ name: me.profile.displayName || me.profile.username }),
-      () => setWho((current) => (current === undefined ? null : current))
+      // Only a 401 means signed out; any other refusal (a legacy account's 403, a rate limit) is shown by the page.
+      (e) => setWho((current) => (current !== undefined ? current : e instanceof ApiError && e.status !== 401 && e.status !== 0 ? { name: "" } : null))
     )
   }, [])
 
