@@ -27,8 +27,11 @@ import * as WorkerTokens from "./images/WorkerTokens.js"
 import { chatCompletions } from "./inference/Chat.js"
 import { embeddings } from "./inference/Embeddings.js"
 import { me, usage } from "./inference/IdentityRoutes.js"
-import { listModels } from "./inference/ModelsRoute.js"
+import { listModels, retrieveModel } from "./inference/ModelsRoute.js"
 import { openApiRoute } from "./inference/OpenApi.js"
+import { countTokens, messages } from "./protocols/anthropic/Routes.js"
+import { responsesRoutes } from "./protocols/responses/Route.js"
+import * as ResponseStore from "./protocols/responses/Store.js"
 import type { Admission } from "./quota/Admission.js"
 import * as AdmissionLayer from "./quota/layer.js"
 import * as Refresh from "./runtime/Refresh.js"
@@ -50,8 +53,12 @@ import { deploymentRoutes } from "./deployments/Routes.js"
 /** Inference API (`/v1/*`): one `HttpRouter.add` route layer per endpoint. */
 export const inferenceRouter = Layer.mergeAll(
   chatCompletions,
+  messages,
+  countTokens,
+  responsesRoutes,
   embeddings,
   listModels,
+  retrieveModel,
   me,
   usage,
   openApiRoute,
@@ -188,6 +195,7 @@ export const servicesLayer = (config: GatewayConfig, configPath: string, options
     Layer.provide(Auth.layer, Layer.provideMerge(AccountsRepo.layer, base)),
     AccountsRepo.layer,
     RequestLog.layer,
+    ResponseStore.layer,
     FailedRequests.layer,
     deploymentsLayer(config, options.deploymentRandom),
     admission,

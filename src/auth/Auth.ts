@@ -59,8 +59,11 @@ export class Auth extends Context.Service<Auth, {
    * or malformed credential) is a counted failure, 401 `invalid_api_key`.
    */
   readonly authenticateWith: <A>(client: string, check: Effect.Effect<A | null, GatewayError>) => Effect.Effect<A, GatewayError>
-  /** The bearer key of a request, counted against its client address: how every `/v1` route authenticates. */
-  readonly bearer: (request: HttpServerRequest.HttpServerRequest) => Effect.Effect<Caller, GatewayError>
+  /**
+   * The bearer key of a request, counted against its client address: how every `/v1` route authenticates. With
+   * `xApiKey`, a request without `Authorization` may send the key in `x-api-key` (Anthropic clients), counted the same.
+   */
+  readonly bearer: (request: HttpServerRequest.HttpServerRequest, xApiKey?: boolean) => Effect.Effect<Caller, GatewayError>
   /** The counted address of a request (`http/ClientAddress.ts` with `trusted_proxies`). */
   readonly clientAddress: (request: HttpServerRequest.HttpServerRequest) => string
   /** Key and session reads that reached the store so far. */
@@ -88,6 +91,17 @@ export const bearerToken = (authorization: string | undefined): string | null =>
   if (!authorization) return null
   const match = /^Bearer\s+(\S+)\s*$/i.exec(authorization)
   return match ? match[1]! : null
+}
+
+/**
+ * `Authorization`, else an `x-api-key` value as a bearer credential. A key containing whitespace is kept so that
+ * it fails (and is counted) rather than being read as another key.
+ */
+export const authorizationOrApiKey = (headers: Readonly<Record<string, string | undefined>>): string | undefined => {
+  const authorization = headers.authorization
+  if (authorization !== undefined && authorization.trim() !== "") return authorization
+  const apiKey = headers["x-api-key"]
+  return apiKey === undefined || apiKey.trim() === "" ? authorization : `Bearer ${apiKey}`
 }
 
 export const make = Effect.gen(function*() {
@@ -344,8 +358,14 @@ export const make = Effect.gen(function*() {
     authenticateKey,
     authenticateSession,
     authenticateWith,
-    bearer: (request) =>
-      telemetry.span(authenticateKey(request.headers.authorization, clientAddress(request)), "wellspring.auth"),
+    bearer: (request, xApiKey) =>
+      telemetry.span(
+        authenticateKey(
+          xApiKey === true ? authorizationOrApiKey(request.headers) : request.headers.authorization,
+          clientAddress(request)
+        ),
+        "wellspring.auth"
+      ),
     clientAddress,
     storeLookups: Effect.sync(() => ({ keys: keyLookups, sessions: sessionLookups })),
     keyCache: () => ({ hits: keyCacheHits, misses: keyLookups }),

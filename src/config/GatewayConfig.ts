@@ -6,6 +6,7 @@ import { decodeKey32 } from "../auth/KeyMaterial.js"
 import { ByokConfig } from "../byok/Config.js"
 import { isRange } from "../http/ClientAddress.js"
 import { ImagesConfig } from "../images/Config.js"
+import { ResponsesConfig } from "../protocols/responses/Config.js"
 import { StatusConfig } from "../status/Config.js"
 import { ReasoningEffort } from "../wire/ChatSchemas.js"
 
@@ -125,7 +126,8 @@ export const ModelConfig = Schema.Struct({
   concurrency: PositiveInt,
   /** Raw tokens per day shared by all accounts, reset at 09:00 KST. Null: no cap. */
   daily_cap: Schema.NullOr(PositiveInt).pipe(withDefault((): number | null => null)),
-  weights: Schema.Struct({ input: NonNegative, output: NonNegative }).pipe(
+  /** Quota weights per token; `cached_input` (input read from the upstream's prompt cache) defaults to `input`. */
+  weights: Schema.Struct({ input: NonNegative, output: NonNegative, cached_input: Schema.optional(NonNegative) }).pipe(
     withDefault(() => ({ input: 1, output: 1 }))
   ),
   disabled: Schema.Boolean.pipe(withDefault(() => false)),
@@ -243,12 +245,22 @@ export const AccessConfig = Schema.Struct({
   }).pipe(withDefault(() => ({ enabled: false, header: "cf-ipcountry", allowed_countries: [] })))
 })
 
+/** An alias name: what a client may send as `model` (Claude Code sends its own model ids). */
+const AliasName = pattern(/^[A-Za-z0-9][A-Za-z0-9._:@\-]{0,127}$/)
+
 export const Catalog = Schema.Struct({
   models: Schema.Array(ModelConfig),
-  providers: Schema.Record(Schema.String, Provider)
+  providers: Schema.Record(Schema.String, Provider),
+  /** Alias name -> catalog model id; resolved for every API, never listed by /v1/models. */
+  aliases: Schema.Record(AliasName, Schema.String).pipe(withDefault((): Readonly<Record<string, string>> => ({})))
 }).check(Schema.makeFilter((catalog) => {
   const issues: Array<Schema.FilterIssue> = []
   const seen = new Set<string>()
+  const ids = new Set(catalog.models.map((m) => m.id))
+  for (const [alias, target] of Object.entries(catalog.aliases)) {
+    if (ids.has(alias)) issues.push({ path: ["aliases", alias], issue: `alias ${alias} is a model id` })
+    else if (!ids.has(target)) issues.push({ path: ["aliases", alias], issue: `alias ${alias} names unknown model ${target}` })
+  }
   catalog.models.forEach((model, i) => {
     if (seen.has(model.id)) issues.push({ path: ["models", i, "id"], issue: `duplicate model id ${model.id}` })
     seen.add(model.id)
@@ -387,6 +399,8 @@ export const GatewayConfig = Schema.Struct({
   status: StatusConfig.pipe(withDefault(() => Schema.decodeSync(StatusConfig)({}))),
   /** Balancing, health and failover over a model's deployments. */
   routing: RoutingConfig.pipe(withDefault(() => Schema.decodeSync(RoutingConfig)({}))),
+  /** Stored responses of the Responses API (src/protocols/responses/Config.ts). */
+  responses: ResponsesConfig.pipe(withDefault(() => Schema.decodeSync(ResponsesConfig)({}))),
   catalog: Catalog
 }).check(Schema.makeFilter((config) =>
   config.default_plan in config.plans

@@ -77,6 +77,13 @@ const raw = {
   upstream_timeout: entry(503, "service_unavailable", "모델 서버 응답 시간이 초과되었습니다."),
   upstream_rate_limited: entry(503, "service_unavailable", "모델 서버가 혼잡합니다. 잠시 후 다시 시도하세요."),
   not_found: entry(404, "not_found_error", "요청한 경로를 찾을 수 없습니다."),
+  /** `GET /v1/models/{id}` of no listed model: the chat code, as a 404 (what `models.retrieve` expects). */
+  model_not_listed: entry(
+    404,
+    "not_found_error",
+    "존재하지 않는 모델입니다. GET /v1/models 로 목록을 확인하세요.",
+    "model_not_found"
+  ),
   // account endpoints
   key_cap_reached: entry(400, "invalid_request_error", "활성 API 키 최대 개수에 도달했습니다."),
   invalid_id: entry(400, "invalid_request_error", "id는 양의 정수여야 합니다.", null),
@@ -195,7 +202,12 @@ export const InferenceMessages = {
     `입력이 모델의 최대 입력 토큰 수(${maxInputTokens})를 초과했습니다. (추정 ${estimated})`,
   /** `invalid_request` (embeddings): token arrays as input. */
   tokenArrayInput: "토큰 배열 입력은 지원하지 않습니다. input 은 문자열 또는 문자열 배열이어야 합니다.",
-  tooManyEmbeddingInputs: (max: number) => `input 은 최대 ${max}개까지 허용됩니다.`
+  tooManyEmbeddingInputs: (max: number) => `input 은 최대 ${max}개까지 허용됩니다.`,
+  /** `not_found` for a known API path sent without its `/v1` prefix; `path` is the gateway's own. */
+  missingV1: (path: string) =>
+    `요청한 경로를 찾을 수 없습니다. API 경로는 /v1 로 시작합니다 (예: ${path}). 클라이언트의 base URL 끝에 /v1 을 붙이세요.`,
+  /** `invalid_request`: `n` other than 1. */
+  onlyOneChoice: "n 은 1만 지원합니다. 여러 응답이 필요하면 요청을 여러 번 보내세요."
 } as const
 
 /** Authentication variants. */
@@ -318,6 +330,7 @@ const stages: { readonly [K in Code]: ReadonlyArray<InferenceStage> } = {
   upstream_timeout: ["upstream"],
   upstream_rate_limited: ["upstream"],
   not_found: [],
+  model_not_listed: [],
   key_cap_reached: [],
   invalid_id: [],
   key_not_found: [],

@@ -17,7 +17,7 @@ const waitSeconds = (error: GatewayError): number | undefined =>
  * over their own rule (they retry 408, 409, 429 and 5xx twice within seconds): `false` when the error says so
  * (an upstream misconfiguration) or for a 429 whose wait is more than a minute away; absent otherwise.
  */
-const retryHeaders = (error: GatewayError): Record<string, string> => {
+export const retryHeaders = (error: GatewayError): Record<string, string> => {
   const wait = waitSeconds(error)
   const headers: Record<string, string> = {}
   if (wait !== undefined && error.code !== "rotate_cooldown") headers["retry-after"] = String(wait)

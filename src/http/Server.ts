@@ -13,7 +13,7 @@ import type { AddressInfo } from "node:net"
 import type { Duplex } from "node:stream"
 import type { LimitsConfig, Listener, Origin } from "../config/GatewayConfig.js"
 import { Settings } from "../config/Live.js"
-import { fail } from "../errors/Catalog.js"
+import { fail, InferenceMessages } from "../errors/Catalog.js"
 import { inferenceBody } from "../errors/Render.js"
 import { TracingEnabled } from "../telemetry/Tracing.js"
 import { declaredOver } from "./Body.js"
@@ -81,12 +81,21 @@ export class BoundListeners extends Context.Service<BoundListeners, {
   readonly lifecycle: Context.Service.Shape<typeof Lifecycle>
 }>()("wellspring/http/BoundListeners") {}
 
-const notFound = Effect.sync(() =>
-  HttpServerResponse.jsonUnsafe(inferenceBody(fail("not_found")), {
+/** Inference paths a client may call without their `/v1` prefix (a base URL set without it). */
+const V1_PATHS = /^\/(chat\/completions|embeddings|models|messages\/count_tokens|messages|responses|images\/generations)(\/[^/]+)?$/
+
+/** 404 `not_found`; a known inference path lacking `/v1` is told so (naming the fixed path, never the client's). */
+const notFound = Effect.map(HttpServerRequest.HttpServerRequest, (request) => {
+  const path = request.url.split("?", 1)[0]!
+  const match = path.length <= 300 ? V1_PATHS.exec(path) : null
+  const error = match === null
+    ? fail("not_found")
+    : fail("not_found", { message: InferenceMessages.missingV1(`/v1/${match[1]!}`) })
+  return HttpServerResponse.jsonUnsafe(inferenceBody(error), {
     status: 404,
     headers: { [REQUEST_ID_HEADER]: newRequestId() }
   })
-)
+})
 
 /** A failure of the router itself: no route matched this method and path. */
 const isRouteNotFound = (error: unknown): error is HttpServerError.HttpServerError =>

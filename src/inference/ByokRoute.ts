@@ -22,6 +22,7 @@ import { Admission } from "../quota/Admission.js"
 import type { UpstreamAdapter, UpstreamError } from "../upstream/Upstream.js"
 import type { Exchange } from "./Exchange.js"
 import { classify, type Failure } from "../upstream/Failure.js"
+import { type PlannedStep, runPlan, type Step } from "./Plan.js"
 
 const admissionModels = new Map<string, ModelConfig>()
 
@@ -63,13 +64,17 @@ export interface ByokPlan<A, R> {
     mapFailure: (error: UpstreamError) => GatewayError
   ) => Effect.Effect<A, GatewayError, R>
   /**
-   * Prepares the same request on the pool model (its gates and limits); fails when that model cannot take it,
-   * and the BYOK failure is answered instead. The returned effect admits and runs it.
+   * Prepares the same request on the pool model (its gates and limits): the pool step (Plan.ts) that admits and
+   * runs it; fails when that model cannot take it, and the BYOK failure is answered instead.
    */
-  readonly fallback: (model: ModelConfig) => Effect.Effect<Effect.Effect<A, GatewayError, R>, GatewayError>
+  readonly fallback: (model: ModelConfig) => Effect.Effect<Step<A, R>, GatewayError>
 }
 
-export const runByok = <A, R>(exchange: Exchange, caller: Caller, reference: ByokReference, plan: ByokPlan<A, R>) =>
+/**
+ * The steps of a BYOK request: the credential (skipped when it is rejected), then, when the account's fallback is
+ * on and the credential names a pool model that can take the request, that model.
+ */
+export const byokSteps = <A, R>(exchange: Exchange, caller: Caller, reference: ByokReference, plan: ByokPlan<A, R>) =>
   Effect.gen(function*() {
     const account = caller.account
     if (account.is_guest) return yield* Effect.fail(fail("byok_disabled", { message: AccountMessages.byokGuest }))
@@ -87,8 +92,40 @@ export const runByok = <A, R>(exchange: Exchange, caller: Caller, reference: Byo
       : undefined
     const requested = exchange.modelId
 
-    /** The pool model when it can take the request, else the BYOK failure as it is. */
-    const fallBack = (original: GatewayError): Effect.Effect<A, GatewayError, R> => {
+    const throughCredential: PlannedStep<A, R> = () => {
+      if (credential.status === "rejected") {
+        return Effect.succeed(fail("byok_credential_rejected", {
+          detail: `credential ${credential.id} is rejected (${credential.lastErrorCode ?? "unknown"})`
+        }))
+      }
+      let dispatchFailure: Failure | null = null
+      const mapFailure = (error: UpstreamError): GatewayError => {
+        const failure = classify(error, "byok")
+        dispatchFailure = failure
+        return failure.error
+      }
+      return Effect.succeed({
+        admit: Effect.asVoid(exchange.admit(admission, {
+          accountId: account.id,
+          plan: settings.planFor(account.plan),
+          model: byokAdmissionModel(credential.provider.id, byok.config.rate_limit_rpm),
+          estimatedInputTokens: exchange.estimatedInput,
+          byok: true
+        })),
+        run: plan.attempt(credential.adapter, mapFailure),
+        // Only a failed dispatch moves on (not, say, a refusal of the answer's own); it may condemn the credential.
+        movesOn: () =>
+          Effect.suspend(() => {
+            const failed = dispatchFailure as Failure | null
+            if (failed === null) return Effect.succeed(false)
+            return Effect.as(failed.condemns ? credentials.reject(credential, failed.kind) : Effect.void, true)
+          })
+      })
+    }
+
+    /** The pool model when it can take the request; otherwise the BYOK failure is the answer. */
+    const toPool: PlannedStep<A, R> = (previous) => {
+      const original = previous!
       if (fallbackModel === undefined || fallbackModel.disabled) return Effect.fail(original)
       return plan.fallback(fallbackModel).pipe(
         Effect.matchEffect({
@@ -98,37 +135,13 @@ export const runByok = <A, R>(exchange: Exchange, caller: Caller, reference: Byo
               Effect.andThen(Effect.sync(() => exchange.resolveModel(requested))),
               Effect.andThen(Effect.fail(original))
             ),
-          onSuccess: (run) => Effect.andThen(exchange.fallBack(fallbackModel.id), run)
+          onSuccess: (step) => Effect.succeed({ ...step, admit: Effect.andThen(exchange.fallBack(fallbackModel.id), step.admit) })
         })
       )
     }
-
-    if (credential.status === "rejected") {
-      return yield* fallBack(fail("byok_credential_rejected", {
-        detail: `credential ${credential.id} is rejected (${credential.lastErrorCode ?? "unknown"})`
-      }))
-    }
-
-    yield* exchange.admit(admission, {
-      accountId: account.id,
-      plan: settings.planFor(account.plan),
-      model: byokAdmissionModel(credential.provider.id, byok.config.rate_limit_rpm),
-      estimatedInputTokens: exchange.estimatedInput,
-      byok: true
-    })
-
-    let dispatchFailure: Failure | null = null
-    const mapFailure = (error: UpstreamError): GatewayError => {
-      const failure = classify(error, "byok")
-      dispatchFailure = failure
-      return failure.error
-    }
-    return yield* plan.attempt(credential.adapter, mapFailure).pipe(
-      Effect.catch((error): Effect.Effect<A, GatewayError, R> => {
-        const failed = dispatchFailure as Failure | null
-        if (failed === null) return Effect.fail(error)
-        const condemn = failed.condemns ? credentials.reject(credential, failed.kind) : Effect.void
-        return Effect.andThen(condemn, fallBack(error))
-      })
-    )
+    return [throughCredential, toPool] as const
   })
+
+/** Runs a BYOK request's plan. */
+export const runByok = <A, R>(exchange: Exchange, caller: Caller, reference: ByokReference, plan: ByokPlan<A, R>) =>
+  Effect.flatMap(byokSteps(exchange, caller, reference, plan), runPlan)

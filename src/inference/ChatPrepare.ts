@@ -1,19 +1,16 @@
 /**
- * A chat request from its body to what is sent upstream: read the body, parse it under the depth guard, decode,
- * check the model and its capability gates (tools, reasoning effort, images), measure the input against the
- * model's limit and clamp `max_tokens`. What the request row needs is noted on the exchange as it is learnt.
+ * A decoded request (the internal chat form, whatever wire it came in on) to what is sent upstream: check the
+ * model and its capability gates (tools, reasoning effort, images), measure the input against the model's limit
+ * and clamp `max_tokens`. What the request row needs is noted on the exchange as it is learnt.
  */
 import { Effect, Result } from "effect"
-import type { HttpServerRequest } from "effect/http"
-import { type LimitsConfig, type ModelConfig, primaryDeployment } from "../config/GatewayConfig.js"
+import { type ModelConfig, primaryDeployment } from "../config/GatewayConfig.js"
 import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
-import { readJsonWith } from "../http/Body.js"
 import { type ByokReference, isByokModel, parseReference } from "../byok/Reference.js"
 import type { UpstreamRequest } from "../upstream/Upstream.js"
 import type { ReasoningEffort } from "../wire/ChatSchemas.js"
-import { type ChatRequest, decodeChatRequest } from "./ChatRequest.js"
+import type { ChatRequest } from "./ChatRequest.js"
 import type { Exchange } from "./Exchange.js"
-import { modelIdOfBody } from "./JsonGuard.js"
 import { exceedsLimit, measure } from "./Tokens.js"
 
 /** A request for a catalog model, ready for admission and dispatch. */
@@ -155,26 +152,20 @@ export const prepareForModel = (
 }
 
 /**
- * Reads and checks a chat request (after authentication and the account gates), noting on the exchange what
- * its row records. `models` is the live catalog by id.
+ * Checks a decoded request (after authentication and the account gates), noting on the exchange what its row
+ * records. `lookup` finds a live catalog model by the id or alias the client named.
  */
-export const prepareChat = (
-  request: HttpServerRequest.HttpServerRequest,
+export const prepareRequest = (
   exchange: Exchange,
-  limits: LimitsConfig,
-  models: ReadonlyMap<string, ModelConfig>
-): Effect.Effect<PreparedChat, GatewayError> =>
-  Effect.flatMap(readJsonWith(request, limits), (body) => {
-      exchange.requestedModel(modelIdOfBody(body))
-      const decoded = decodeChatRequest(body, limits)
-      if (Result.isFailure(decoded)) return Effect.fail(decoded.failure)
-      const req = decoded.success
-      exchange.describe({
-        stream: req.stream === true,
-        hadTools: (req.tools?.length ?? 0) > 0,
-        toolChoice: toolChoiceLabel(req.tool_choice)
-      })
-      return isByokModel(req.model)
-        ? prepareByok(exchange, req) as Effect.Effect<PreparedChat, GatewayError>
-        : prepareForModel(exchange, req, models.get(req.model))
-    })
+  req: ChatRequest,
+  lookup: (id: string) => ModelConfig | undefined
+): Effect.Effect<PreparedChat, GatewayError> => {
+  exchange.describe({
+    stream: req.stream === true,
+    hadTools: (req.tools?.length ?? 0) > 0,
+    toolChoice: toolChoiceLabel(req.tool_choice)
+  })
+  return isByokModel(req.model)
+    ? prepareByok(exchange, req) as Effect.Effect<PreparedChat, GatewayError>
+    : prepareForModel(exchange, req, lookup(req.model))
+}

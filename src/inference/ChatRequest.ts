@@ -31,6 +31,8 @@ export const ChatRequest = Schema.Struct({
   stream: opt(Schema.Boolean),
   temperature: opt(Schema.Number.check(Schema.isFinite(), Schema.isBetween({ minimum: 0, maximum: 2 }))),
   max_tokens: opt(Schema.Int.check(Schema.isGreaterThan(0))),
+  /** The OpenAI SDK's newer name of the output cap: folded into `max_tokens` (the smaller of both) by the decoder. */
+  max_completion_tokens: opt(Schema.Int.check(Schema.isGreaterThan(0))),
   top_p: opt(Schema.Number.check(Schema.isFinite(), Schema.isBetween({ minimum: 0, maximum: 1 }))),
   stop: opt(Schema.Union([Bounded(STOP_CHARS), Schema.Array(Bounded(STOP_CHARS)).check(Schema.isMaxLength(STOP_SEQUENCES))])),
   reasoning_effort: opt(Schema.String),
@@ -52,6 +54,7 @@ const FIELD_MESSAGES: Record<string, string> = {
   temperature: "temperature 는 0 이상 2 이하의 숫자여야 합니다.",
   top_p: "top_p 는 0 이상 1 이하의 숫자여야 합니다.",
   max_tokens: "max_tokens 는 양의 정수여야 합니다.",
+  max_completion_tokens: "max_completion_tokens 는 양의 정수여야 합니다.",
   stop: `stop 은 문자열 또는 최대 ${STOP_SEQUENCES}개의 문자열 배열이어야 하며, 각 문자열은 ${STOP_CHARS}자 이하여야 합니다.`,
   reasoning_effort: "reasoning_effort 는 문자열이어야 합니다.",
   tools: `tools 형식이 올바르지 않습니다. 최대 ${MAX_TOOLS}개, 각 도구는 {type: function, function: {name, parameters}} 형식이며 이름은 ^[a-zA-Z0-9_-]{1,64}$ 형식이어야 합니다.`,
@@ -197,6 +200,10 @@ const toolBoundsError = (index: number, bound: "depth" | "size", limits: LimitsC
  * unknown fields included; `parameters` sits two levels down in `{type, function: {parameters}}`).
  */
 const checkRaw = (body: Record<string, unknown>, limits: LimitsConfig): GatewayError | null => {
+  // One choice per request: `n` is refused rather than answered with one choice the client did not ask for.
+  if (body.n !== undefined && body.n !== null && body.n !== 1) {
+    return fail("invalid_request", { message: InferenceMessages.onlyOneChoice })
+  }
   const messages = body.messages
   if (Array.isArray(messages)) {
     if (messages.length > limits.messages) {
@@ -276,5 +283,15 @@ export const decodeChatRequest = (body: unknown, limits: LimitsConfig): Result.R
   const result = decode(body)
   if (Result.isFailure(result)) return Result.fail(decodeFailure(result.failure, body))
   const texts = checkTexts(result.success, limits)
-  return texts ? Result.fail(texts) : Result.succeed(result.success)
+  return texts ? Result.fail(texts) : Result.succeed(foldOutputCap(result.success))
 }
+
+/** `max_completion_tokens` and `max_tokens` as one cap in `max_tokens`: the smaller when both are set. */
+const foldOutputCap = (req: ChatRequest): ChatRequest => {
+  const { max_completion_tokens: completion, ...rest } = req
+  if (completion === undefined) return req
+  return { ...rest, max_tokens: rest.max_tokens === undefined ? completion : Math.min(rest.max_tokens, completion) }
+}
+
+/** Top-level chat fields the gateway reads (`n` only as 1); any other is named in `x-wellspring-ignored-fields`. */
+export const CHAT_FIELDS: ReadonlySet<string> = new Set([...Object.keys(ChatRequest.fields), "n"])

@@ -6,6 +6,7 @@
 import { HttpServerResponse } from "effect/http"
 import type { PlanConfig } from "../config/GatewayConfig.js"
 import type { FinishReason, UpstreamEvent, Usage } from "../upstream/Upstream.js"
+import type { Delivery, Receipt, StreamFraming } from "./Codec.js"
 import type { Exchange, Settled } from "./Exchange.js"
 import { quotaHeaders, receipt } from "./Receipt.js"
 
@@ -16,7 +17,7 @@ const outputUsage = (usage: Usage) => ({
 })
 
 /** Receipt of a settled request; omitted (null) rather than failing the request. */
-const safeReceipt = (exchange: Exchange, plan: PlanConfig, settled: Settled) => {
+export const safeReceipt = (exchange: Exchange, plan: PlanConfig, settled: Settled): Receipt | null => {
   try {
     const ticket = exchange.ticket
     if (!settled || !ticket) return null
@@ -37,9 +38,38 @@ export interface Answer {
   finish: FinishReason
 }
 
+export const emptyAnswer = (): Answer => ({ content: "", reasoning: "", tools: [], finish: "stop" })
+
+/** Folds events into `acc` without counting anything (a stream's copy for the completion hook). */
+export const foldEvents = (acc: Answer, events: ReadonlyArray<UpstreamEvent>): void => {
+  for (const event of events) {
+    switch (event._tag) {
+      case "Content":
+        acc.content += event.text
+        break
+      case "Reasoning":
+        acc.reasoning += event.text
+        break
+      case "ToolCallStart":
+        acc.tools[event.index] = { id: event.id, name: event.name, args: "" }
+        break
+      case "ToolCallArgs": {
+        const call = acc.tools[event.index]
+        if (call) call.args += event.fragment
+        break
+      }
+      case "Finish":
+        acc.finish = event.reason
+        break
+      case "Usage":
+        break
+    }
+  }
+}
+
 /** Folds the upstream's events into one answer, counting the delivered output on the exchange. */
 export const accumulate = (events: ReadonlyArray<UpstreamEvent>, exchange: Exchange): Answer => {
-  const acc: Answer = { content: "", reasoning: "", tools: [], finish: "stop" }
+  const acc = emptyAnswer()
   for (const event of events) {
     switch (event._tag) {
       case "Content":
@@ -70,10 +100,18 @@ export const accumulate = (events: ReadonlyArray<UpstreamEvent>, exchange: Excha
   return acc
 }
 
+/** The quota headers of a settled request (its request id alone when the settlement is unknown). */
+export const settledHeaders = (exchange: Exchange, settled: Settled): Record<string, string> => {
+  const ticket = exchange.ticket
+  return settled && ticket
+    ? quotaHeaders(settled.standing, ticket.rpm, exchange.rowId)
+    : { "x-request-id": String(exchange.rowId) }
+}
+
 /** The `chat.completion` response of a completed exchange, with its receipt and quota headers. */
-export const completionResponse = (exchange: Exchange, answer: Answer, plan: PlanConfig, settled: Settled) => {
+export const completionResponse = (exchange: Exchange, answer: Answer, delivery: Delivery) => {
   const tools = answer.tools.filter(Boolean)
-  const wellspring = safeReceipt(exchange, plan, settled)
+  const wellspring = delivery.receipt
   const body = {
     id: completionId(exchange),
     object: "chat.completion",
@@ -96,11 +134,7 @@ export const completionResponse = (exchange: Exchange, answer: Answer, plan: Pla
     usage: outputUsage(exchange.chargeable()),
     ...(wellspring ? { wellspring } : {})
   }
-  const ticket = exchange.ticket
-  const headers = settled && ticket
-    ? quotaHeaders(settled.standing, ticket.rpm, exchange.rowId)
-    : { "x-request-id": String(exchange.rowId) }
-  return HttpServerResponse.jsonUnsafe(body, { headers })
+  return HttpServerResponse.jsonUnsafe(body, { headers: delivery.headers })
 }
 
 /** Headers of a stream's 200 response (the standing right after the reservation). */
@@ -117,7 +151,7 @@ export const streamHeaders = (exchange: Exchange): Record<string, string> => {
  * SSE framing of one answer: `head` (the role frame), the frames of each batch of events, and `last`, the final
  * data frame (usage, receipt, finish_reason) then `[DONE]`, once the exchange has completed.
  */
-export const sseFraming = (exchange: Exchange) => {
+export const sseFraming = (exchange: Exchange): StreamFraming => {
   const created = createdSeconds(exchange)
   const id = completionId(exchange)
   const prefix = `data: {"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${
@@ -157,8 +191,7 @@ export const sseFraming = (exchange: Exchange) => {
       for (const event of events) out += toFrame(event)
       return out
     },
-    last: (plan: PlanConfig, settled: Settled) => {
-      const wellspring = safeReceipt(exchange, plan, settled)
+    last: (wellspring) => {
       const final = {
         id,
         object: "chat.completion.chunk",
@@ -169,6 +202,8 @@ export const sseFraming = (exchange: Exchange) => {
         ...(wellspring ? { wellspring } : {})
       }
       return `data: ${JSON.stringify(final)}\n\ndata: [DONE]\n\n`
-    }
+    },
+    // The stream ends without `[DONE]`: that is how a chat client learns of the failure.
+    failed: () => ""
   }
 }

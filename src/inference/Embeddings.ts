@@ -1,6 +1,7 @@
 /**
- * `POST /v1/embeddings`: authenticate, open the exchange, prepare (EmbeddingsRequest.ts), admit, embed, answer
- * the OpenAI list shape. Same lifecycle as chat (Exchange.ts); `@provider/...` models as chat's (ByokRoute.ts).
+ * `POST /v1/embeddings`: the same life as chat's (Pipeline.ts): the exchange route, the body (EmbeddingsRequest.ts),
+ * then the same plan (Plan.ts): a catalog model's pool step over its deployments, or a BYOK request's credential
+ * then its fallback pool step. Answered in the OpenAI list shape.
  */
 import { Effect } from "effect"
 import { HttpRouter } from "effect/http"
@@ -13,6 +14,8 @@ import { type UpstreamAdapter, type UpstreamError } from "../upstream/Upstream.j
 import { Deployments } from "../deployments/Router.js"
 import { primaryDeployment } from "../config/GatewayConfig.js"
 import { runByok } from "./ByokRoute.js"
+import { runPlan } from "./Plan.js"
+import { adapterFor, lookupModel, poolStep } from "./Pipeline.js"
 import {
   type EmbeddingsRequest,
   embeddingsForModel,
@@ -74,23 +77,22 @@ export const embeddings = HttpRouter.add(
           yield* exchange.succeed()
           return result
         })
+      /** A catalog model's step: admitted against the pools, sent to its deployments. */
       const pooled = ({ inputs, model, request: req }: PoolEmbeddings) =>
-        Effect.gen(function*() {
-          const primary = primaryDeployment(model)
-          exchange.routeTo(primary.provider)
-          yield* exchange.admit(admission, {
-            accountId: caller.account.id,
-            plan: settings.planFor(caller.account.plan),
-            model,
-            estimatedInputTokens: exchange.estimatedInput,
-            byok: false
-          })
-          const adapter = deployments.forModel(model, exchange)
-          return answer(exchange, model.id, req, yield* embed(adapter, primary.model, inputs, upstreamFailure), true)
-        })
+        poolStep(
+          exchange,
+          admission,
+          settings.planFor(caller.account.plan),
+          model,
+          Effect.map(
+            embed(adapterFor(deployments, model, exchange), primaryDeployment(model).model, inputs, upstreamFailure),
+            (result) => answer(exchange, model.id, req, result, true)
+          )
+        )
       return Effect.gen(function*() {
-        const prepared = yield* prepareEmbeddings(request, exchange, settings.config.limits, catalog.current().byId)
-        if (prepared._tag === "Pool") return yield* pooled(prepared)
+        const view = catalog.current()
+        const prepared = yield* prepareEmbeddings(request, exchange, settings.config.limits, (id) => lookupModel(view, id))
+        if (prepared._tag === "Pool") return yield* runPlan([() => Effect.succeed(pooled(prepared))])
         return yield* runByok(exchange, caller, prepared.reference, {
           attempt: (adapter, mapFailure) =>
             Effect.map(

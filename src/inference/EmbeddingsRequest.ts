@@ -125,14 +125,15 @@ export const prepareEmbeddings = (
   request: HttpServerRequest.HttpServerRequest,
   exchange: Exchange,
   limits: LimitsConfig,
-  models: ReadonlyMap<string, ModelConfig>
+  /** The catalog model a client's `model` names (aliases resolved). */
+  lookup: (id: string) => ModelConfig | undefined
 ): Effect.Effect<PreparedEmbeddings, GatewayError> =>
   Effect.flatMap(readJsonWith(request, limits), (body): Effect.Effect<PreparedEmbeddings, GatewayError> => {
       exchange.requestedModel(modelIdOfBody(body))
       const decoded = decodeEmbeddingsRequest(body, limits)
       if (Result.isFailure(decoded)) return Effect.fail(decoded.failure)
       const req = decoded.success
-      return isByokModel(req.model) ? byokEmbeddings(exchange, req) : embeddingsForModel(exchange, req, models.get(req.model))
+      return isByokModel(req.model) ? byokEmbeddings(exchange, req) : embeddingsForModel(exchange, req, lookup(req.model))
     })
 
 /** `encoding_format: "base64"`: the vector as little-endian float32, base64-encoded (what the openai SDK decodes). */

@@ -353,7 +353,15 @@ export class Exchange implements RowSource {
         : this.#timed(
           delivered ? "settle" : "refund",
           delivered
-            ? ticket.settle({ inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens })
+            ? ticket.settle(
+              usage.cached_tokens > 0
+                ? {
+                  inputTokens: usage.prompt_tokens,
+                  cachedInputTokens: usage.cached_tokens,
+                  outputTokens: usage.completion_tokens
+                }
+                : { inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens }
+            )
             : Effect.as(ticket.refund, null)
         )
       const error = completion.status === "failed" ? completion.error : undefined
@@ -474,6 +482,10 @@ export interface ExchangeRouteOptions<RA = never> {
   readonly modelId?: string
   /** What metrics and spans call the request (default `chat`). */
   readonly operation?: Operation
+  /** The key may come in `x-api-key` when there is no `Authorization` header (Anthropic clients). */
+  readonly xApiKey?: boolean
+  /** The row's `api` when it is not the operation's name (`messages`, `responses`), set as the exchange opens. */
+  readonly api?: string
 }
 
 /**
@@ -497,10 +509,13 @@ export const exchangeRoute = <R, RA = never>(
     return yield* handle(
       options.render,
       Effect.gen(function*() {
-        const caller = options.authenticate === undefined ? yield* auth.bearer(request) : yield* options.authenticate
+        const caller = options.authenticate === undefined
+          ? yield* auth.bearer(request, options.xApiKey === true)
+          : yield* options.authenticate
         yield* guardFailures(caller)
         const exchange = yield* Exchange.open(caller, log, options.operation)
         if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
+        if (options.api !== undefined) exchange.setApi(options.api)
         return yield* finishing(
           exchange,
           Effect.andThen(auth.gate(caller, headersOf(request)), Effect.suspend(() => run(exchange, request))),

@@ -3,6 +3,7 @@ import { HttpRouter, HttpServerRequest } from "effect/http"
 import { Auth } from "../auth/Auth.js"
 import type { ModelConfig } from "../config/GatewayConfig.js"
 import { type CatalogView, LiveCatalog } from "../config/Live.js"
+import { fail } from "../errors/Catalog.js"
 import { renderInference } from "../errors/Render.js"
 import { handle, json } from "../http/Respond.js"
 
@@ -41,6 +42,32 @@ export const listModels = HttpRouter.add(
       renderInference,
       auth.bearer(request).pipe(
         Effect.map(() => json(listFor(catalog.current())))
+      )
+    )
+  })
+)
+
+/**
+ * `GET /v1/models/{id}` (the SDKs' `models.retrieve`): a listed model's entry; 404 `model_not_found` for an
+ * unknown or disabled id, and for an alias (aliases are never listed).
+ */
+export const retrieveModel = HttpRouter.add(
+  "GET",
+  "/v1/models/:id",
+  Effect.gen(function*() {
+    const request = yield* HttpServerRequest.HttpServerRequest
+    const auth = yield* Auth
+    const catalog = yield* LiveCatalog
+    const params = yield* HttpRouter.params
+    return yield* handle(
+      renderInference,
+      auth.bearer(request).pipe(
+        Effect.flatMap(() => {
+          const model = params.id === undefined ? undefined : catalog.current().byId.get(params.id)
+          return model === undefined || model.disabled
+            ? Effect.fail(fail("model_not_listed"))
+            : Effect.succeed(json(modelEntry(model)))
+        })
       )
     )
   })

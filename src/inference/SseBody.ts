@@ -39,12 +39,17 @@ export interface SseHandlers {
   readonly frames: (events: ReadonlyArray<UpstreamEvent>) => string
   /** The closing frames (usage, receipt, `[DONE]`), computed once the answer is complete. */
   readonly end: Effect.Effect<string>
-  /** The upstream failed mid-stream; the connection is then cut without `[DONE]`. */
-  readonly failed: (error: UpstreamError) => Effect.Effect<void>
+  /**
+   * The upstream failed mid-stream; the connection is then cut without the closing frames, after the frame this
+   * returns, if any (Anthropic's `event: error`; chat writes none).
+   */
+  readonly failed: (error: UpstreamError) => Effect.Effect<string | void>
   /** The client went away or the body was dropped before the end. */
   readonly cancelled: Effect.Effect<void>
   /** The first upstream events are being written (time to first token). */
   readonly started?: () => void
+  /** The idle keep-alive frame (default `PING_FRAME`, chat's comment line). */
+  readonly ping?: string
 }
 
 /**
@@ -123,7 +128,8 @@ export const sseBody = (
       return out!.write(text)
     }
 
-    const ping = () => void (!done && out !== null && out.write(PING_FRAME))
+    const pingFrame = handlers.ping ?? PING_FRAME
+    const ping = () => void (!done && out !== null && out.write(pingFrame))
 
     /** The client went away (or `run` was interrupted) before the end. */
     const cancel = () => {
@@ -137,10 +143,17 @@ export const sseBody = (
     const fail = (error: UpstreamError) => {
       if (done) return
       done = true
-      run(handlers.failed(error).pipe(Effect.ensuring(Effect.sync(() => {
-        cutting = true
-        out!.cut()
-      }))))
+      run(handlers.failed(error).pipe(
+        Effect.tap((frame) =>
+          Effect.sync(() => {
+            if (typeof frame === "string" && frame.length > 0) out!.write(frame)
+          })
+        ),
+        Effect.ensuring(Effect.sync(() => {
+          cutting = true
+          out!.cut()
+        }))
+      ))
     }
 
     const sink: UpstreamSink = {
@@ -238,7 +251,7 @@ export const sseBody = (
           if (opened !== null) begin(opened)
           else {
             // Committed: the 200 headers go out with the first ping.
-            write(PING_FRAME)
+            write(pingFrame)
             // The outcome may have come while the pinger was being set up.
             if (outcome !== null) committed(outcome)
             else onOutcome = committed

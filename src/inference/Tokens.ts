@@ -161,3 +161,21 @@ export const exceedsLimit = (
     Effect.map((tokens) => ({ exceeds: tokens > limit, tokens }))
   )
 }
+
+/**
+ * The o200k token count of an input (images at `IMAGE_TOKENS` each), counted only up to `limit`: past it the
+ * count stops and `exceeds` is true (so a client cannot make the gateway tokenize more than a model takes).
+ */
+export const countInput = (
+  size: InputSize,
+  limit: number
+): Effect.Effect<{ readonly exceeds: boolean; readonly tokens: number }> => {
+  const imageTokens = size.images * IMAGE_TOKENS
+  const textLimit = limit - imageTokens
+  if (textLimit <= 0 || size.bytes > textLimit * MAX_BYTES_PER_TOKEN) {
+    return Effect.succeed({ exceeds: true, tokens: Math.ceil(size.bytes / MAX_BYTES_PER_TOKEN) + imageTokens })
+  }
+  return Effect.promise((signal) => countUpTo(size.texts, imageTokens, limit, signal)).pipe(
+    Effect.map((tokens) => ({ exceeds: tokens > limit, tokens }))
+  )
+}

@@ -37,7 +37,10 @@ export interface AdmitInput {
 }
 
 export interface SettleUsage {
+  /** Input tokens, cached ones included. */
   readonly inputTokens: number
+  /** The part of `inputTokens` the upstream read from its prompt cache (weighted by `weights.cached_input`). */
+  readonly cachedInputTokens?: number
   /** Output tokens including reasoning. */
   readonly outputTokens: number
 }

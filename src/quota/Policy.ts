@@ -60,9 +60,15 @@ export const poolStanding = (
   return anchorAt === undefined ? base : { ...base, anchor_at: active ? anchorAt : null }
 }
 
-/** Weighted cost of delivered usage: input × weights.input + output (reasoning included) × weights.output. */
-export const weightedCost = (model: ModelConfig, usage: SettleUsage): number =>
-  usage.inputTokens * model.weights.input + usage.outputTokens * model.weights.output
+/**
+ * Weighted cost of delivered usage: uncached input × weights.input + cached input × weights.cached_input (default
+ * weights.input) + output (reasoning included) × weights.output.
+ */
+export const weightedCost = (model: ModelConfig, usage: SettleUsage): number => {
+  const cached = Math.min(Math.max(0, usage.cachedInputTokens ?? 0), Math.max(0, usage.inputTokens))
+  const w = model.weights
+  return (usage.inputTokens - cached) * w.input + cached * (w.cached_input ?? w.input) + usage.outputTokens * w.output
+}
 
 /** What an admission reserves: weighted input estimate on the pools, raw input estimate on the daily cap. */
 export const reservationOf = (model: ModelConfig, estimatedInputTokens: number) => {

@@ -220,6 +220,30 @@ describe("deployments end to end (embedded)", () => {
     expect(ups[0]!.requests()).toBe(successes.filter((r) => r.attempts === 2).length)
   }, 60_000)
 
+  it("embeddings fail over too, and their rows name the deployment", async () => {
+    const ups = await fakes(["bad", "good"])
+    ups[0]!.mode = { _tag: "status", status: 500 }
+    const gw = await start({
+      configure: (doc) => {
+        configure(ups, { health: { consecutive_failures: 1_000 } })(doc)
+        const multi = doc.catalog.models.find((m: { id: string }) => m.id === "multi")
+        multi.supports_embeddings = true
+        multi.supports_chat = false
+      }
+    })
+    const results = await load(20, 2, () =>
+      fetch(`${gw.url}/v1/embeddings`, {
+        method: "POST",
+        headers: authed(gw.key),
+        body: JSON.stringify({ model: "multi", input: ["one", "two"] })
+      }))
+    expect(results.map((r) => r.status)).toEqual(Array(20).fill(200))
+    expect(ups[0]!.requests()).toBeGreaterThan(0)
+    const rows = await rowsOf(gw)
+    expect(rows.every((r) => r.deployment === "good" && r.api === "embeddings")).toBe(true)
+    expect(rows.filter((r) => r.attempts === 2)).toHaveLength(ups[0]!.requests())
+  }, 60_000)
+
   it("a catalog edit adds and removes deployments without a restart", async () => {
     const ups = await fakes(["a", "b"])
     const gw = await start({ configure: configure([ups[0]!]) })

@@ -105,6 +105,12 @@ const expectRefused = (answer: Answer, unauthorized: Answer) => {
     expect(answer.body).toEqual({ statusCode: 429, message: expect.stringMatching(HANGUL) })
     return
   }
+  // The Anthropic Messages routes answer in Anthropic's envelope (no `code`).
+  if (unauthorized.body.type === "error") {
+    expect(answer.body.error.type).toBe("rate_limit_error")
+    expect(answer.body.error.message).toMatch(HANGUL)
+    return
+  }
   expect(answer.body.error.code).toBe("too_many_failed_requests")
   expect(answer.body.error.type).toBe("rate_limit_error")
   expect(answer.body.error.message).toMatch(HANGUL)

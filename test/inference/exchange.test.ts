@@ -121,7 +121,7 @@ describe("Exchange: one completion", () => {
     expect(first).toEqual({ standing, weighted: 7 + 15 })
     expect(second).toBeNull()
     expect(third).toBeNull()
-    expect(h.counts.settles).toEqual([{ inputTokens: 7, outputTokens: 5 }])
+    expect(h.counts.settles).toEqual([{ inputTokens: 7, cachedInputTokens: 2, outputTokens: 5 }])
     expect(h.counts.refunds).toBe(0)
     expect(h.rows).toHaveLength(1)
     expect(h.rows[0]).toMatchObject({

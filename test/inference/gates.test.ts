@@ -174,7 +174,8 @@ describe("chat request gates", () => {
     })
 
     const unlisted = {
-      n: 3,
+      // n other than 1 is refused (issue 20 point 6); 1 is accepted and not forwarded.
+      n: 1,
       seed: 42,
       response_format: { type: "json_object" },
       stream_options: { include_usage: false, extra: 1 },

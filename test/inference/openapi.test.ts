@@ -44,7 +44,7 @@ describe("GET /v1/openapi.json", () => {
       expect(request.properties, field).not.toHaveProperty([field])
     }
     expect(Object.keys(request.properties).sort()).toEqual(
-      ["max_tokens", "messages", "model", "parallel_tool_calls", "reasoning_effort", "stop", "stream", "temperature", "tool_choice", "tools", "top_p"]
+      ["max_completion_tokens", "max_tokens", "messages", "model", "parallel_tool_calls", "reasoning_effort", "stop", "stream", "temperature", "tool_choice", "tools", "top_p"]
     )
     // Generated from the very Schema that decodes requests, not a hand-written copy.
     // (OpenApi.fromApi generates with `onExcessProperty: "error"`: objects are `additionalProperties: false`.)

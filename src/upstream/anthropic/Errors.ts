@@ -3,7 +3,7 @@
  * `{"type":"error","error":{"type":"<error type>","message":"..."},"request_id":"req_..."}`, either as the body
  * of a non-2xx answer or as an `error` event inside a 200 SSE stream.
  *
- * | error type            | HTTP | UpstreamError                    | client (src/inference/UpstreamErrors.ts)  |
+ * | error type            | HTTP | UpstreamError                    | client (src/upstream/Failure.ts)  |
  * |-----------------------|------|----------------------------------|-------------------------------------------|
  * | invalid_request_error | 400  | status 400                       | 400 upstream_rejected                     |
  * |   "prompt is too long"|      | status 400, detail tagged        | 400 input_too_long                        |
@@ -52,7 +52,7 @@ export const ERROR_TYPE_STATUS: ReadonlyMap<string, number> = new Map([
  */
 const CONTEXT = /prompt is too long|exceeds? (?:the )?context (?:limit|window)|input length and `?max_tokens`? exceed/i
 
-/** The tag `src/inference/UpstreamErrors.ts` recognises as a context-length refusal (as OpenAI's error code). */
+/** The tag `src/upstream/Failure.ts` recognises as a context-length refusal (as OpenAI's error code). */
 const CONTEXT_TAG = "context_length_exceeded"
 
 const ANTHROPIC_KEY = /sk-ant-[A-Za-z0-9_-]+/g

@@ -1,4 +1,4 @@
-/** OpenAI-compatible error bodies -> `UpstreamError` (mapped for clients in src/inference/UpstreamErrors.ts). */
+/** OpenAI-compatible error bodies -> `UpstreamError` (mapped for clients in src/upstream/Failure.ts). */
 import { clip, noRedaction, type Redactor } from "../../telemetry/LogText.js"
 import { UpstreamError } from "../Upstream.js"
 
