@@ -4,7 +4,11 @@ import { defineConfig } from "vitest/config"
  * Files that measure a latency while they load the gateway run alone, after everything else, so that another
  * test file's work on the same cores does not count as the gateway's.
  */
-const alone = ["test/edge/hostile-routes.test.ts"]
+const alone = [
+  "test/edge/hostile-routes.test.ts",
+  // Measures the dashboard's time to interactive (docs/dashboard.md).
+  "test/dashboard/dashboard.browser.test.ts"
+]
 
 export default defineConfig({
   test: {

@@ -1,6 +1,9 @@
 import { Effect, Layer, References } from "effect"
 import { SqlClient } from "effect/sql"
 import { accountRoutes } from "./accounts/AccountRoutes.js"
+import { signInRoutes } from "./accounts/SignIn.js"
+import { dashboardRoutes } from "./dashboard/Assets.js"
+import { dashboardGenerate } from "./images/DashboardGenerate.js"
 import * as AccountsRepo from "./accounts/AccountsRepo.js"
 import * as Leaderboard from "./accounts/Leaderboard.js"
 import * as Auth from "./auth/Auth.js"
@@ -64,9 +67,19 @@ export const inferenceRouter = Layer.mergeAll(
 )
 /**
  * Account API (`/api/user/*`) on the dashboard origin (src/accounts/AccountRoutes.ts), with `/api/quota` and the
- * public status endpoints (src/status/Routes.ts).
+ * public status endpoints (src/status/Routes.ts); dashboard sign-in (src/accounts/SignIn.ts), its generate form
+ * and its built files under `/dashboard/` (src/dashboard/Assets.ts).
  */
-export const accountRouter = Layer.mergeAll(accountRoutes, byokRoutes, imageAccountRoutes, quotaRoute, publicStatsRoutes)
+export const accountRouter = Layer.mergeAll(
+  accountRoutes,
+  byokRoutes,
+  imageAccountRoutes,
+  quotaRoute,
+  publicStatsRoutes,
+  signInRoutes,
+  dashboardGenerate,
+  dashboardRoutes
+)
 /**
  * The status origin: the status page at `/` and the public status endpoints. `publicStatsRoutes` is the same layer
  * value as the account origin's, so a listener serving both registers it once.

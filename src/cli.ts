@@ -19,6 +19,7 @@ import { makeSettings, Settings } from "./config/Live.js"
 import * as WorkerTokens from "./images/WorkerTokens.js"
 import * as EmbeddedLock from "./store/EmbeddedLock.js"
 import * as Incidents from "./status/Incidents.js"
+import type { DeploymentStatus } from "./deployments/Router.js"
 import * as Sql from "./store/Sql.js"
 
 /** Bad arguments: exit code 2. */
@@ -474,20 +475,6 @@ const gatewayCommands: Readonly<Record<string, Omit<CommandSpec, "run">>> = {
   }
 }
 
-interface DeploymentRow {
-  readonly model: string
-  readonly deployment: string
-  readonly provider: string
-  readonly upstreamModel: string
-  readonly weight: number
-  readonly priority: number
-  readonly state: string
-  readonly retryInSeconds: number
-  readonly cooling: boolean
-  readonly inFlight: number
-  readonly recentRequests: number
-  readonly recentFailures: number
-}
 
 const table = (rows: ReadonlyArray<ReadonlyArray<string>>): string => {
   const widths = rows[0]!.map((_, i) => Math.max(...rows.map((r) => r[i]!.length)))
@@ -516,11 +503,11 @@ const listDeployments = async (
     }
   }
   if (!/^https?:\/\/[^/\s]+\/?$/.test(url)) return fatal(`--url must be http(s)://host:port, got "${url}"`, 2)
-  let rows: ReadonlyArray<DeploymentRow>
+  let rows: ReadonlyArray<DeploymentStatus>
   try {
     const response = await fetch(`${url.replace(/\/$/, "")}/deployments`, { signal: AbortSignal.timeout(5_000) })
     if (!response.ok) return fatal(`${url}/deployments answered ${response.status}`, 1)
-    rows = ((await response.json()) as { data: ReadonlyArray<DeploymentRow> }).data
+    rows = ((await response.json()) as { data: ReadonlyArray<DeploymentStatus> }).data
   } catch (error) {
     return fatal(`cannot reach the gateway at ${url}: ${(error as Error).message}`, 1)
   }

@@ -45,6 +45,9 @@ export interface HealthView {
   readonly recentFailures: number
 }
 
+/** Circuits another replica may create here (a bound on what the channel can make this replica keep). */
+const MAX_REMOTE_CIRCUITS = 10_000
+
 /** Outcomes kept per deployment for the failure rate (older ones leave the window first). */
 const MAX_WINDOW = 1_024
 
@@ -152,6 +155,7 @@ export class HealthBook {
 
   /** A change made by another replica. */
   apply(event: HealthEvent, now: number): void {
+    if (!this.#circuits.has(event.key) && this.#circuits.size >= MAX_REMOTE_CIRCUITS) return
     const circuit = this.#circuit(event.key)
     switch (event._tag) {
       case "Opened":

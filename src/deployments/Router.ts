@@ -173,7 +173,9 @@ export const makeRouter = (options: RouterOptions) =>
         end: (outcome: "success" | "neutral" | UpstreamError) => void
       ) => Effect.Effect<A, UpstreamError>
     ): Effect.Effect<A, UpstreamError> =>
-      Effect.gen(function*() {
+      // Interruptible only while an attempt is under way: a call that was opened is returned (or ended) without an
+      // interruption point in between, so it is never lost with its deployment's in-flight count.
+      Effect.uninterruptibleMask((restore) => Effect.gen(function*() {
         const clock = yield* Clock.Clock
         const started = clock.currentTimeMillisUnsafe()
         const tried = new Set<string>()
@@ -187,8 +189,9 @@ export const makeRouter = (options: RouterOptions) =>
           observer.attempt(choice.deployment.id)
           begin(choice, now)
           const end = ender(choice, clock)
-          const result = yield* upstreams.get(choice.deployment.provider).pipe(
-            Effect.flatMap((adapter) => call(choice.deployment, adapter, end)),
+          const result = yield* restore(
+            Effect.flatMap(upstreams.get(choice.deployment.provider), (adapter) => call(choice.deployment, adapter, end))
+          ).pipe(
             Effect.onInterrupt(() => Effect.sync(() => end("neutral"))),
             Effect.result
           )
@@ -204,7 +207,7 @@ export const makeRouter = (options: RouterOptions) =>
           }
         }
         return yield* Effect.fail(last ?? NO_DEPLOYMENT(model.id))
-      })
+      }))
 
     /** The sink of one attempt: passes everything on, and ends the attempt's hold with how the answer ended. */
     const watched = (sink: UpstreamSink, end: (outcome: "success" | UpstreamError) => void): UpstreamSink => ({

@@ -10,106 +10,27 @@
  * (or cancels it on its worker) and releases the slot when its scope closes. Nothing around the wait is
  * uninterruptible.
  */
-import { Duration, Effect } from "effect"
+import { Effect } from "effect"
 import { HttpRouter, HttpServerResponse } from "effect/http"
-import * as Crypto from "node:crypto"
-import { fail, ImageMessages } from "../errors/Catalog.js"
 import { renderImage } from "../errors/Render.js"
-import { readJson } from "../http/Body.js"
 import { exchangeRoute } from "../inference/Exchange.js"
-import { ImageGallery, type ImageJob, ImagePresets, ImageQueue, ImageSlots } from "./Contracts.js"
-import { blockedCategory } from "./Policy.js"
-import { decodeImageRequest, IMAGE_BODY_BYTES, MAX_SEED } from "./Request.js"
-import { IMAGE_MODEL } from "../telemetry/Telemetry.js"
-import { LiveImages } from "./LiveConfig.js"
-import { resolveSettings } from "./Settings.js"
-import { isPng, zipImage } from "./Zip.js"
+import { IMAGE_MODEL_ID, runGeneration } from "./Generate.js"
+import { zipImage } from "./Zip.js"
 
 export const IMAGE_PATH = "/v1/images/nai/generate-image"
-/** The `model_id` of every image request row (the body's `model` is ignored, so it is not recorded either). */
-export const IMAGE_MODEL_ID = IMAGE_MODEL
-
-/** `img_` + 24 hex. */
-export const newJobId = (): string => `img_${Crypto.randomBytes(12).toString("hex")}`
-
-const blocked = (category: string) => fail("image_blocked", { message: ImageMessages.blocked(category) })
 
 export const generateImage = HttpRouter.add(
   "POST",
   IMAGE_PATH,
-  Effect.gen(function*() {
-    const live = yield* LiveImages
-    const slots = yield* ImageSlots
-    const queue = yield* ImageQueue
-    const presets = yield* ImagePresets
-    const gallery = yield* ImageGallery
-
-    return yield* exchangeRoute({ render: renderImage, modelId: IMAGE_MODEL_ID, operation: "image_generation" }, (exchange, request) =>
-      Effect.gen(function*() {
-        const images = live.current()
-        const account = exchange.caller.account
-        if (images.admin_only && !account.is_admin) return yield* Effect.fail(fail("image_admin_only"))
-        if (account.is_guest) return yield* Effect.fail(fail("image_not_eligible"))
-        if (!images.enabled) return yield* Effect.fail(fail("image_disabled"))
-        if (images.maintenance) return yield* Effect.fail(fail("image_maintenance"))
-
-        const body = yield* readJson(request, { maxBytes: IMAGE_BODY_BYTES })
-        const req = yield* Effect.fromResult(decodeImageRequest(body))
-        const policy = images.content_policy
-        const inInput = blockedCategory(policy, account.sfw_mode, req.input)
-        if (inInput !== null) return yield* Effect.fail(blocked(inInput))
-
-        const preset = yield* presets.active(account.id)
-        // The quality prompt is the account's own text too: it must not carry what the input may not.
-        const inPreset = blockedCategory(policy, account.sfw_mode, preset.quality_prompt)
-        if (inPreset !== null) return yield* Effect.fail(blocked(inPreset))
-
-        const job: ImageJob = {
-          id: newJobId(),
-          accountId: account.id,
-          spec: resolveSettings({
-            request: req,
-            preset,
-            resolutions: images.resolutions,
-            safeMode: account.sfw_mode,
-            safeModeNegative: policy.safe_mode_negative,
-            randomSeed: Crypto.randomInt(0, MAX_SEED + 1)
-          })
-        }
-
-        const seconds = images.max_wait_seconds
-        const outcome = yield* Effect.scoped(
-          Effect.andThen(
-            slots.acquire(account.id),
-            Effect.suspend(() => {
-              exchange.markDispatched()
-              return queue.run(job)
-            }).pipe(Effect.timeoutOrElse({
-              duration: Duration.seconds(seconds),
-              orElse: () => Effect.fail(fail("image_timeout", { message: ImageMessages.timeout(seconds) }))
-            }))
-          )
-        )
-        if (outcome._tag === "Failed") return yield* Effect.fail(fail("image_failed", { detail: outcome.reason }))
-        if (!isPng(outcome.png)) {
-          return yield* Effect.fail(fail("image_failed", { detail: `worker ${outcome.workerId} returned bytes that are not a PNG` }))
-        }
-        exchange.markFirstByte()
-
-        // The image exists: keep it in the gallery even if the client has gone; a failed save only costs the copy.
-        yield* gallery.save({ id: job.id, accountId: account.id, prompt: req.input, spec: job.spec, png: outcome.png }).pipe(
-          Effect.catchCause((cause) =>
-            Effect.logWarning("image not saved to the gallery", cause).pipe(Effect.annotateLogs({ job: job.id }))
-          ),
-          Effect.uninterruptible
-        )
-        const zip = zipImage(outcome.png)
-        yield* exchange.succeed()
-        return HttpServerResponse.uint8Array(zip, {
-          status: 200,
-          contentType: "application/zip",
-          headers: { "x-request-id": String(exchange.rowId) }
-        })
-      }))
-  })
+  exchangeRoute({ render: renderImage, modelId: IMAGE_MODEL_ID, operation: "image_generation" }, (exchange, request) =>
+    Effect.gen(function*() {
+      const generated = yield* runGeneration(exchange, request)
+      const zip = zipImage(generated.png)
+      yield* exchange.succeed()
+      return HttpServerResponse.uint8Array(zip, {
+        status: 200,
+        contentType: "application/zip",
+        headers: { "x-request-id": String(exchange.rowId) }
+      })
+    }))
 )

@@ -470,9 +470,14 @@ export const finishing = <R>(
     Effect.catch((error) => Effect.succeed(renderWithRow(render, error, exchange.rowId)))
   )
 
-export interface ExchangeRouteOptions {
+export interface ExchangeRouteOptions<RA = never> {
   /** The error envelope: `renderInference`, or `renderImage` for the image endpoint. */
   readonly render: Renderer
+  /**
+   * How the caller authenticates (default: the bearer key of `Auth.bearer`). The dashboard's generate form uses
+   * the account API's cookie-or-key authentication, with its cross-site check.
+   */
+  readonly authenticate?: Effect.Effect<Caller, GatewayError, RA>
   /** The row's model id from the start (a route with one fixed id); otherwise the route records it when known. */
   readonly modelId?: string
   /** What metrics and spans call the request (default `chat`). */
@@ -489,8 +494,8 @@ export interface ExchangeRouteOptions {
  * opened on the request's scope (from here on every outcome leaves a request row), the account gates (403), then
  * `run`. Everything is answered through `handle` (request id header, defects as 500/503) with `render`.
  */
-export const exchangeRoute = <R>(
-  options: ExchangeRouteOptions,
+export const exchangeRoute = <R, RA = never>(
+  options: ExchangeRouteOptions<RA>,
   run: (exchange: Exchange, request: HttpServerRequest.HttpServerRequest) => Effect.Effect<
     HttpServerResponse.HttpServerResponse,
     GatewayError,
@@ -504,7 +509,9 @@ export const exchangeRoute = <R>(
     return yield* handle(
       options.render,
       Effect.gen(function*() {
-        const caller = yield* auth.bearer(request, options.xApiKey === true)
+        const caller = options.authenticate === undefined
+          ? yield* auth.bearer(request, options.xApiKey === true)
+          : yield* options.authenticate
         yield* guardFailures(caller)
         const exchange = yield* Exchange.open(caller, log, options.operation)
         if (options.modelId !== undefined) exchange.requestedModel(options.modelId)

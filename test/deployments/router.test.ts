@@ -14,6 +14,7 @@ import { completeChat } from "../../src/upstream/Complete.js"
 import { classify } from "../../src/upstream/Failure.js"
 import type { UpstreamError, UpstreamEvent, UpstreamRequest } from "../../src/upstream/Upstream.js"
 import * as Upstreams from "../../src/upstream/Upstreams.js"
+import { eventually } from "../support/Eventually.js"
 import { type FakeDeployment, providerFor, startFakeDeployment } from "../support/FakeDeployment.js"
 
 const fakes = (names: ReadonlyArray<string>) =>
@@ -183,7 +184,7 @@ describe("deployment router", () => {
       })
       const fiber = yield* Effect.forkChild(send)
       // Both deployments hang; whichever is tried first times out at 20 s, past the budget.
-      yield* Effect.promise(() => waitFor(() => a!.requests() + b!.requests() === 1))
+      yield* Effect.promise(() => eventually(() => a!.requests() + b!.requests() === 1))
       yield* TestClock.adjust("20 seconds")
       const r = yield* Fiber.join(fiber)
       expect(r.ok).toBe(false)
@@ -237,14 +238,3 @@ describe("deployment router", () => {
       expect(a!.requests() + b!.requests()).toBe(1)
     }).pipe(Effect.scoped))
 })
-
-const waitFor = (condition: () => boolean) =>
-  new Promise<void>((resolve, reject) => {
-    const started = Date.now()
-    const check = () => {
-      if (condition()) return resolve()
-      if (Date.now() - started > 5_000) return reject(new Error("condition not met within 5 s"))
-      setTimeout(check, 5)
-    }
-    check()
-  })

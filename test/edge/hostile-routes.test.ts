@@ -142,6 +142,25 @@ let proberKey = ""
 let session = ""
 
 /**
+ * Keys of two accounts that no hostile case sends (the prober's and one of its own), alternated so that neither
+ * reaches the per-account sign-in limit. Sign-out ends the session it is sent, so the cookie caller's sign-out cases
+ * send a fresh session of one of these instead of the dev account's, which the other cases keep using.
+ */
+const signOutKeys: Array<string> = []
+let signOuts = 0
+const throwawaySession = async () => {
+  const signIn = await undiciRequest(`http://127.0.0.1:${port}/api/user/session`, {
+    method: "POST",
+    headers: { origin: `http://127.0.0.1:${port}`, "content-type": "application/json" },
+    body: JSON.stringify({ api_key: signOutKeys[signOuts++ % signOutKeys.length] })
+  })
+  await signIn.body.text()
+  const token = /^ws-session=([^;]+)/.exec(String(signIn.headers["set-cookie"] ?? ""))?.[1]
+  if (signIn.statusCode !== 200 || token === undefined) throw new Error(`sign-in for a sign-out case: ${signIn.statusCode}`)
+  return token
+}
+
+/**
  * The active caller's key, replaced through the session when a case revoked it (rotation and key deletion are
  * among the routes, and a refusal of the body does not stop them: their bodies are optional).
  */
@@ -200,6 +219,8 @@ beforeAll(async () => {
   session = /ws-session=(\S+)/.exec(await cli("session:create", "--username", "dev"))![1]!
   await cli("account:create", "--username", "prober", "--display-name", "Prober")
   proberKey = /API key: (\S+)/.exec(await cli("key:create", "--username", "prober"))![1]!
+  await cli("account:create", "--username", "leaver", "--display-name", "Leaver")
+  signOutKeys.push(proberKey, /API key: (\S+)/.exec(await cli("key:create", "--username", "leaver"))![1]!)
   const origin = `http://127.0.0.1:${port}`
   callers.push(
     { name: "anonymous", headers: {} },
@@ -311,7 +332,9 @@ describe("hostile bodies on every registered route", () => {
           cases.push(async () => {
             if (caller.name === "active key") await keepActiveKey()
             const what = `${caller.name} ${method} ${route.path} ${hostile.name}`
-            const answer = await send(port, method, concrete(route.path), caller.headers, hostile).catch((e: Error) => ({
+            const signOut = caller.name === "session cookie" && method === "DELETE" && route.path === "/api/user/session"
+            const headers = signOut ? { ...caller.headers, cookie: `ws-session=${await throwawaySession()}` } : caller.headers
+            const answer = await send(port, method, concrete(route.path), headers, hostile).catch((e: Error) => ({
               status: -1,
               body: e.message
             }))
