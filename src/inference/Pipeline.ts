@@ -227,16 +227,15 @@ const run = (
   })
 
 /**
- * The `POST` route of one wire codec on the pipeline. `codec` may be built from services (an effect, run once, at
- * the first request), so the route registers without them (`Server.listRoutes`).
+ * The `POST` route of one wire codec on the pipeline. `codec` may be read from services (an effect, run per
+ * request: it should hand out a codec it keeps), so the route registers without them (`Server.listRoutes`).
  */
-export const pipelineRoute = <R = never>(path: `/${string}`, codec: WireCodec | Effect.Effect<WireCodec, never, R>) => {
-  let built: WireCodec | undefined = Effect.isEffect(codec) ? undefined : codec
-  return HttpRouter.add(
+export const pipelineRoute = <R = never>(path: `/${string}`, codec: WireCodec | Effect.Effect<WireCodec, never, R>) =>
+  HttpRouter.add(
     "POST",
     path,
     Effect.gen(function*() {
-      const wire = built ??= yield* (codec as Effect.Effect<WireCodec, never, R>)
+      const wire = Effect.isEffect(codec) ? yield* codec : codec
       const services = {
         catalog: yield* LiveCatalog,
         settings: yield* Settings,
@@ -249,4 +248,3 @@ export const pipelineRoute = <R = never>(path: `/${string}`, codec: WireCodec | 
       )
     })
   )
-}

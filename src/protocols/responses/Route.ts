@@ -182,10 +182,19 @@ export const makeResponsesCodec = (
 }
 
 /** `POST /v1/responses` on the pipeline. */
+/** The codec of each store (one per running gateway; tests run several in a process). */
+const codecs = new WeakMap<typeof ResponseStore.Service, WireCodec>()
+
 export const createResponse = pipelineRoute(
   "/v1/responses",
   Effect.gen(function*() {
-    return makeResponsesCodec(yield* ResponseStore, yield* LiveCatalog)
+    const store = yield* ResponseStore
+    let codec = codecs.get(store)
+    if (codec === undefined) {
+      codec = makeResponsesCodec(store, yield* LiveCatalog)
+      codecs.set(store, codec)
+    }
+    return codec
   })
 )
 
