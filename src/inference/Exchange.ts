@@ -91,7 +91,8 @@ export class Exchange implements RowSource {
       const telemetry = yield* CurrentTelemetry
       const parent = telemetry.tracing ? Option.getOrUndefined(yield* Effect.option(Effect.currentParentSpan)) : undefined
       const exchange = new Exchange(caller, rowId, requestId, new Date(now), scope, log, telemetry, operation, parent)
-      yield* Effect.addFinalizer(() => exchange.cancel())
+      // Not `Effect.addFinalizer`, which merges the request's whole context back in when the scope closes.
+      yield* Scope.addFinalizer(yield* Effect.scope, Effect.suspend(() => exchange.cancel()))
       return exchange
     })
   }
