@@ -3,7 +3,7 @@
 # shared bench's mock upstream, embedded mode, no profiler. Same setup as bench/profile.sh.
 #   bench/cpu.sh [chat|stream] [seconds] [connections] [repetitions]
 # Prints one line per repetition: requests, requests/s, CPU µs/req. DEPLOYMENTS=3 routes over 3 deployments.
-# NOBUILD=1 skips `npm run build`. DISTS="dist dist-base" runs one gateway per build folder (each on its own copy
+# NOBUILD=1 skips `npm run build`; NODE_FLAGS adds flags to the gateway (e.g. --heap-prof); the heap bound is the shared bench's. DISTS="dist dist-base" runs one gateway per build folder (each on its own copy
 # of the same data folder) and alternates them within every repetition: an A/B under the same foreign load.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -34,13 +34,13 @@ NODE=node; [[ -x $ROOT/node_modules/.bin/node ]] && NODE=$ROOT/node_modules/.bin
 KEY=$(cd "$ROOT" && WELLSPRING_CONFIG=$OUT/gateway.yaml WELLSPRING_DATA_DIR=$OUT/data "$NODE" --import tsx src/cli.ts key:create --username bench 2>/dev/null | sed -n 's/.*API key: //p')
 PORT=$MOCK_PORT "$NODE" "$BENCH/mock-upstream.mjs" >"$OUT/mock.log" 2>&1 &
 PIDS=($!)
-trap 'kill "${PIDS[@]}" 2>/dev/null || true; rm -rf "$OUT"' EXIT
+trap 'kill -INT "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; mkdir -p /tmp/wellspring-cpu-logs; cp "$OUT"/*.log /tmp/wellspring-cpu-logs/ 2>/dev/null; rm -rf "$OUT"' EXIT
 read -r -a DIRS <<<"${DISTS:-dist}"
 GWS=()
 for i in "${!DIRS[@]}"; do
   cp -r "$OUT/data" "$OUT/data$i"
   WELLSPRING_CONFIG=$OUT/gateway.yaml WELLSPRING_DATA_DIR=$OUT/data$i WELLSPRING_PORT=$((GW_PORT + 2 * i)) \
-    "$NODE" --max-old-space-size=160 --max-semi-space-size=8 "$ROOT/${DIRS[$i]}/main.js" >"$OUT/gateway$i.log" 2>&1 &
+    "$NODE" --max-old-space-size=160 ${NODE_FLAGS:-} "$ROOT/${DIRS[$i]}/main.js" >"$OUT/gateway$i.log" 2>&1 &
   PIDS+=($!); GWS+=($!)
 done
 BODY=$BENCH/bodies/chat.json; [[ $SCENARIO == stream ]] && BODY=$BENCH/bodies/chat-stream.json
