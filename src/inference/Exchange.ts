@@ -5,12 +5,12 @@
  * its slot and records the request row. State changes only through its methods; whoever completes first wins,
  * later completions are no-ops.
  */
-import { Cause, Clock, type Context, Effect, Exit, Option, Scope, type Tracer } from "effect"
+import { Cause, Clock, Context, Effect, Exit, Option, Scope, type Tracer } from "effect"
 import { HttpServerRequest, HttpServerResponse } from "effect/http"
 import { Auth, type Caller } from "../auth/Auth.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
 import { renderInference } from "../errors/Render.js"
-import { guard as guardFailures, recordFailure } from "../http/FailedRequests.js"
+import { FailedRequests, guard as guardFailures, recordFailure } from "../http/FailedRequests.js"
 import { currentRequestId, defectCode, handle, headersOf } from "../http/Respond.js"
 import type { Admission, AdmitInput, Standing, Ticket } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
@@ -76,6 +76,22 @@ export class Exchange implements RowSource {
     private readonly traceParent: Tracer.AnySpan | undefined
   ) {
     this.#api = operation
+  }
+
+  /**
+   * `open` as a plain call, for the hot path (`exchangeRoute`): tracing off, the row id at hand. The caller
+   * registers the cancel backstop on the request's scope.
+   */
+  static openNow(
+    caller: Caller,
+    log: Log,
+    operation: Operation,
+    rowId: number,
+    requestId: string,
+    now: number,
+    telemetry: Telemetry
+  ): Exchange {
+    return new Exchange(caller, rowId, requestId, new Date(now), Scope.makeUnsafe(), log, telemetry, operation, undefined)
   }
 
   /**
@@ -502,19 +518,47 @@ export const exchangeRoute = <R>(
     const request = yield* HttpServerRequest.HttpServerRequest
     const auth = yield* Auth
     const log = yield* RequestLog
-    return yield* handle(
-      options.render,
-      Effect.gen(function*() {
-        const caller = yield* auth.bearer(request, options.xApiKey === true)
-        yield* guardFailures(caller)
-        const exchange = yield* Exchange.open(caller, log, options.operation)
-        if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
-        if (options.api !== undefined) exchange.setApi(options.api)
-        return yield* finishing(
+    const failed = yield* FailedRequests
+    const xApiKey = options.xApiKey === true
+    const operation = options.operation ?? "chat"
+    const opened = (exchange: Exchange) => {
+      if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
+      if (options.api !== undefined) exchange.setApi(options.api)
+    }
+    const general = Effect.gen(function*() {
+      const caller = yield* auth.bearer(request, xApiKey)
+      yield* guardFailures(caller)
+      const exchange = yield* Exchange.open(caller, log, operation)
+      opened(exchange)
+      return yield* finishing(
+        exchange,
+        Effect.andThen(auth.gate(caller, headersOf(request)), Effect.suspend(() => run(exchange, request))),
+        options.render
+      )
+    })
+    // The same steps as plain calls in one Effect step when nothing has to wait: a key cached as valid, tracing
+    // off, a row id at hand. Anything else takes the general path above.
+    const hot = Effect.withFiber((fiber) => {
+      const now = fiber.getRef(Clock.Clock).currentTimeMillisUnsafe()
+      const caller = auth.cachedBearer(request, xApiKey, now)
+      if (caller === undefined) return general
+      const refused = caller.key === null ? undefined : failed.refusal(caller.key.id, now)
+      if (refused !== undefined) return Effect.fail(refused)
+      const telemetry = fiber.getRef(CurrentTelemetry)
+      const rowId = telemetry.tracing ? undefined : log.nextIdNow()
+      if (rowId === undefined) return general
+      const requestId = fiber.getRef(currentRequestId)
+      const exchange = Exchange.openNow(caller, log, operation, rowId, requestId, now, telemetry)
+      opened(exchange)
+      const refusal = auth.gateError(caller, headersOf(request), now)
+      return Effect.andThen(
+        Scope.addFinalizer(Context.getUnsafe(fiber.context, Scope.Scope), Effect.suspend(() => exchange.cancel())),
+        finishing(
           exchange,
-          Effect.andThen(auth.gate(caller, headersOf(request)), Effect.suspend(() => run(exchange, request))),
+          refusal === undefined ? Effect.suspend(() => run(exchange, request)) : Effect.fail(refusal),
           options.render
         )
-      })
-    )
+      )
+    })
+    return yield* handle(options.render, hot)
   })
