@@ -64,4 +64,7 @@ for rep in $(seq "$REPS"); do
       "$res" "$t0" "$t1" "$HZ" "${DIRS[$i]}" "$SCENARIO c=$CONNS" "$rep"
   done
 done
-for i in "${!DIRS[@]}"; do grep -iE "error|warn" "$OUT/gateway$i.log" | head -3 || true; done
+for i in "${!DIRS[@]}"; do
+  echo "${DIRS[$i]} peak RSS $(awk '/VmHWM/ { printf "%.0f MB", $2 / 1024 }' "/proc/${GWS[$i]}/status")"
+  grep -iE "error|warn" "$OUT/gateway$i.log" | head -3 || true
+done

@@ -10,7 +10,7 @@ import { HttpServerRequest, HttpServerResponse } from "effect/http"
 import { Auth, type Caller } from "../auth/Auth.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
 import { renderInference } from "../errors/Render.js"
-import { FailedRequests, guard as guardFailures, recordFailure } from "../http/FailedRequests.js"
+import { FailedRequests, recordFailure } from "../http/FailedRequests.js"
 import { currentRequestId, defectCode, handle, headersOf } from "../http/Respond.js"
 import type { Admission, AdmitInput, Standing, Ticket } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
@@ -500,6 +500,19 @@ export interface ExchangeRouteOptions {
   readonly api?: string
 }
 
+/** What `exchangeHandler` needs besides the request: resolved once per route, not per request. */
+export interface ExchangeServices {
+  readonly auth: Context.Service.Shape<typeof Auth>
+  readonly log: Log
+  readonly failed: Context.Service.Shape<typeof FailedRequests>
+}
+
+export const exchangeServices: Effect.Effect<ExchangeServices, never, Auth | RequestLog | FailedRequests> = Effect.gen(
+  function*() {
+    return { auth: yield* Auth, log: yield* RequestLog, failed: yield* FailedRequests }
+  }
+)
+
 /**
  * The skeleton every spending `/v1` route shares (chat completions, embeddings, images), in this order: the bearer
  * key (401, counted against the client address), the failed-request guard (429, before the body), the exchange
@@ -513,21 +526,29 @@ export const exchangeRoute = <R>(
     GatewayError,
     R
   >
-) =>
-  Effect.gen(function*() {
-    const request = yield* HttpServerRequest.HttpServerRequest
-    const auth = yield* Auth
-    const log = yield* RequestLog
-    const failed = yield* FailedRequests
-    const xApiKey = options.xApiKey === true
-    const operation = options.operation ?? "chat"
-    const opened = (exchange: Exchange) => {
-      if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
-      if (options.api !== undefined) exchange.setApi(options.api)
-    }
-    const general = Effect.gen(function*() {
+) => Effect.flatMap(exchangeServices, (services) => exchangeHandler(services, options, run))
+
+/** `exchangeRoute` with its services at hand (`pipelineRoute` resolves them when the route is added). */
+export const exchangeHandler = <R>(
+  services: ExchangeServices,
+  options: ExchangeRouteOptions,
+  run: (exchange: Exchange, request: HttpServerRequest.HttpServerRequest) => Effect.Effect<
+    HttpServerResponse.HttpServerResponse,
+    GatewayError,
+    R
+  >
+) => {
+  const { auth, failed, log } = services
+  const xApiKey = options.xApiKey === true
+  const operation = options.operation ?? "chat"
+  const opened = (exchange: Exchange) => {
+    if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
+    if (options.api !== undefined) exchange.setApi(options.api)
+  }
+  const general = (request: HttpServerRequest.HttpServerRequest) =>
+    Effect.gen(function*() {
       const caller = yield* auth.bearer(request, xApiKey)
-      yield* guardFailures(caller)
+      if (caller.key !== null) yield* failed.check(caller.key.id)
       const exchange = yield* Exchange.open(caller, log, operation)
       opened(exchange)
       return yield* finishing(
@@ -536,29 +557,30 @@ export const exchangeRoute = <R>(
         options.render
       )
     })
-    // The same steps as plain calls in one Effect step when nothing has to wait: a key cached as valid, tracing
-    // off, a row id at hand. Anything else takes the general path above.
-    const hot = Effect.withFiber((fiber) => {
-      const now = fiber.getRef(Clock.Clock).currentTimeMillisUnsafe()
-      const caller = auth.cachedBearer(request, xApiKey, now)
-      if (caller === undefined) return general
-      const refused = caller.key === null ? undefined : failed.refusal(caller.key.id, now)
-      if (refused !== undefined) return Effect.fail(refused)
-      const telemetry = fiber.getRef(CurrentTelemetry)
-      const rowId = telemetry.tracing ? undefined : log.nextIdNow()
-      if (rowId === undefined) return general
-      const requestId = fiber.getRef(currentRequestId)
-      const exchange = Exchange.openNow(caller, log, operation, rowId, requestId, now, telemetry)
-      opened(exchange)
-      const refusal = auth.gateError(caller, headersOf(request), now)
-      return Effect.andThen(
-        Scope.addFinalizer(Context.getUnsafe(fiber.context, Scope.Scope), Effect.suspend(() => exchange.cancel())),
-        finishing(
-          exchange,
-          refusal === undefined ? Effect.suspend(() => run(exchange, request)) : Effect.fail(refusal),
-          options.render
-        )
+  // The same steps as plain calls in one Effect step when nothing has to wait: a key cached as valid, tracing
+  // off, a row id at hand. Anything else takes the general path above.
+  const hot = Effect.withFiber((fiber) => {
+    const request = Context.getUnsafe(fiber.context, HttpServerRequest.HttpServerRequest)
+    const now = fiber.getRef(Clock.Clock).currentTimeMillisUnsafe()
+    const caller = auth.cachedBearer(request, xApiKey, now)
+    if (caller === undefined) return general(request)
+    const refused = caller.key === null ? undefined : failed.refusal(caller.key.id, now)
+    if (refused !== undefined) return Effect.fail(refused)
+    const telemetry = fiber.getRef(CurrentTelemetry)
+    const rowId = telemetry.tracing ? undefined : log.nextIdNow()
+    if (rowId === undefined) return general(request)
+    const requestId = fiber.getRef(currentRequestId)
+    const exchange = Exchange.openNow(caller, log, operation, rowId, requestId, now, telemetry)
+    opened(exchange)
+    const refusal = auth.gateError(caller, headersOf(request), now)
+    return Effect.andThen(
+      Scope.addFinalizer(Context.getUnsafe(fiber.context, Scope.Scope), Effect.suspend(() => exchange.cancel())),
+      finishing(
+        exchange,
+        refusal === undefined ? Effect.suspend(() => run(exchange, request)) : Effect.fail(refusal),
+        options.render
       )
-    })
-    return yield* handle(options.render, hot)
+    )
   })
+  return handle(options.render, hot)
+}

@@ -28,7 +28,7 @@ import type { ChatRequest } from "./ChatRequest.js"
 import { type PoolChat, prepareForModel, prepareRequest } from "./ChatPrepare.js"
 import { accumulate, emptyAnswer, foldEvents, safeReceipt, settledHeaders, streamHeaders } from "./ChatWire.js"
 import type { Decoded, WireCodec } from "./Codec.js"
-import { type Exchange, exchangeRoute } from "./Exchange.js"
+import { type Exchange, exchangeHandler, exchangeServices } from "./Exchange.js"
 import { modelIdOfBody } from "./JsonGuard.js"
 import { sseBody, sseResponse } from "./SseBody.js"
 import { upstreamFailure } from "../upstream/Failure.js"
@@ -214,11 +214,12 @@ const run = (
     })
   })
 
-/** The `POST` route of one wire codec on the pipeline. */
+/**
+ * The `POST` route of one wire codec on the pipeline. Its services are resolved once, when the route is added,
+ * not on every request.
+ */
 export const pipelineRoute = (path: `/${string}`, codec: WireCodec) =>
-  HttpRouter.add(
-    "POST",
-    path,
+  HttpRouter.use((router) =>
     Effect.gen(function*() {
       const services = {
         catalog: yield* LiveCatalog,
@@ -226,9 +227,15 @@ export const pipelineRoute = (path: `/${string}`, codec: WireCodec) =>
         admission: yield* Admission,
         deployments: yield* Deployments
       }
-      return yield* exchangeRoute(
-        { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
-        (exchange, request) => run(codec, exchange, request, services)
+      const exchange = yield* exchangeServices
+      yield* router.add(
+        "POST",
+        path,
+        exchangeHandler(
+          exchange,
+          { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
+          (exchange, request) => run(codec, exchange, request, services)
+        )
       )
     })
   )
