@@ -513,6 +513,13 @@ export const exchangeServices: Effect.Effect<ExchangeServices, never, Auth | Req
   }
 )
 
+/** `exchangeServices` from a context that holds them. */
+export const exchangeServicesOf = (context: Context.Context<Auth | RequestLog | FailedRequests>): ExchangeServices => ({
+  auth: Context.get(context, Auth),
+  log: Context.get(context, RequestLog),
+  failed: Context.get(context, FailedRequests)
+})
+
 /**
  * The skeleton every spending `/v1` route shares (chat completions, embeddings, images), in this order: the bearer
  * key (401, counted against the client address), the failed-request guard (429, before the body), the exchange

@@ -11,7 +11,7 @@
  * 5. the upstream call through `adapterFor`, answered whole (the codec's `answer`) or streamed (the codec's
  *    framing on SseBody.ts), the exchange completing once, whichever way this ends.
  */
-import { type Context, Effect } from "effect"
+import { Context, Effect } from "effect"
 import { HttpRouter, type HttpServerRequest } from "effect/http"
 import { type ModelConfig, type PlanConfig, primaryDeployment } from "../config/GatewayConfig.js"
 import { type CatalogView, LiveCatalog, Settings } from "../config/Live.js"
@@ -28,7 +28,10 @@ import type { ChatRequest } from "./ChatRequest.js"
 import { type PoolChat, prepareForModel, prepareRequest } from "./ChatPrepare.js"
 import { accumulate, emptyAnswer, foldEvents, safeReceipt, settledHeaders, streamHeaders } from "./ChatWire.js"
 import type { Decoded, WireCodec } from "./Codec.js"
-import { type Exchange, exchangeHandler, exchangeServices } from "./Exchange.js"
+import { type Exchange, exchangeHandler, exchangeServicesOf } from "./Exchange.js"
+import type { Auth } from "../auth/Auth.js"
+import type { FailedRequests } from "../http/FailedRequests.js"
+import type { RequestLog } from "../telemetry/RequestLog.js"
 import { modelIdOfBody } from "./JsonGuard.js"
 import { sseBody, sseResponse } from "./SseBody.js"
 import { upstreamFailure } from "../upstream/Failure.js"
@@ -214,28 +217,38 @@ const run = (
     })
   })
 
+/** What a pipeline route requires of the app: its services, resolved once per router (see `pipelineRoute`). */
+type RouteServices = LiveCatalog | Settings | Admission | Deployments | Auth | RequestLog | FailedRequests
+
 /**
- * The `POST` route of one wire codec on the pipeline. Its services are resolved once, when the route is added,
- * not on every request.
+ * The `POST` route of one wire codec on the pipeline. Its services are taken from the first request's context
+ * and kept for this router (one gateway: the app's services do not change between requests), instead of seven
+ * lookups on every request; building the route needs no service (`listRoutes` records routes with none).
  */
 export const pipelineRoute = (path: `/${string}`, codec: WireCodec) =>
   HttpRouter.use((router) =>
-    Effect.gen(function*() {
-      const services = {
-        catalog: yield* LiveCatalog,
-        settings: yield* Settings,
-        admission: yield* Admission,
-        deployments: yield* Deployments
-      }
-      const exchange = yield* exchangeServices
-      yield* router.add(
-        "POST",
-        path,
-        exchangeHandler(
-          exchange,
-          { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
-          (exchange, request) => run(codec, exchange, request, services)
-        )
+    Effect.suspend(() => {
+      let handler: ReturnType<typeof routeHandler> | undefined
+      const route = Effect.withFiber((fiber) =>
+        handler ??= routeHandler(codec, fiber.context as Context.Context<RouteServices>)
       )
+      // The services are read from the request's context: the route still requires them.
+      type Required = Effect.Services<typeof route> | RouteServices
+      return router.add("POST", path, route as Effect.Effect<Effect.Success<typeof route>, never, Required>)
     })
   )
+
+/** One codec's per-request handler with its services at hand. */
+const routeHandler = (codec: WireCodec, context: Context.Context<RouteServices>) => {
+  const services = {
+    catalog: Context.get(context, LiveCatalog),
+    settings: Context.get(context, Settings),
+    admission: Context.get(context, Admission),
+    deployments: Context.get(context, Deployments)
+  }
+  return exchangeHandler(
+    exchangeServicesOf(context),
+    { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
+    (exchange, request) => run(codec, exchange, request, services)
+  )
+}
