@@ -2,6 +2,7 @@
  * `npm run bench`: the simulated upstream, a minimal undici reverse proxy (the floor) and the gateway,
  * each in its own process, driven by the same load generator in one run.
  *
+ * Env BENCH_DIST: the build folder to run (default dist; e.g. an older build copied aside for an A/B).
  * Flags: --requests N (per scenario at concurrency 32, default 6000), --modes embedded,redis,
  * --only images (just the in-process image queue scenario, `bench/images.ts`, which always runs first).
  * Prints requests/s, latency p50/p99, added stream TTFB, gateway CPU per request and per streamed
@@ -197,11 +198,11 @@ const main = async () => {
       env.REDIS_URL = "redis://127.0.0.1:6379"
     }
     // First start creates the database and prints the dev key; the measured process is a restart (steady state).
-    const first = await start(`gateway (${mode}, first start)`, ["dist/main.js"], env, /API key: (\S+)/)
+    const first = await start(`gateway (${mode}, first start)`, [`${process.env.BENCH_DIST ?? "dist"}/main.js`], env, /API key: (\S+)/)
     const key = first.match[1]!
     first.child.kill("SIGTERM")
     await new Promise((r) => first.child.once("exit", r))
-    const gw = await start(`gateway (${mode})`, ["dist/main.js"], env, /ready in/)
+    const gw = await start(`gateway (${mode})`, [`${process.env.BENCH_DIST ?? "dist"}/main.js`], env, /ready in/)
     const gwUrl = `http://127.0.0.1:${port}`
     // Warm-up: JIT, pools, caches.
     for (const target of [simUrl, floorUrl, skeletonUrl, gwUrl]) {

@@ -45,6 +45,8 @@ export const makeCounter = (limit: number, maxKeys = MAX_TRACKED_KEYS): FailureC
 export class FailedRequests extends Context.Service<FailedRequests, {
   /** Fails with 429 `too_many_failed_requests` when the key is over its failed-request limit. */
   readonly check: (keyId: number) => Effect.Effect<void, GatewayError>
+  /** `check` as a plain call at `now`: the 429, or undefined. */
+  readonly refusal: (keyId: number, now: number) => GatewayError | undefined
   /** Counts the error against the key when it is a failure of the client's own making. */
   readonly record: (keyId: number, error: GatewayError) => Effect.Effect<void>
   readonly trackedKeys: Effect.Effect<number>
@@ -52,12 +54,17 @@ export class FailedRequests extends Context.Service<FailedRequests, {
 
 export const make = (limit: number, maxKeys = MAX_TRACKED_KEYS) => {
   const counter = makeCounter(limit, maxKeys)
+  const refusal = (keyId: number, now: number): GatewayError | undefined => {
+    const wait = counter.retryAfter(keyId, now)
+    return wait === 0 ? undefined : fail("too_many_failed_requests", { retryAfter: wait })
+  }
   return FailedRequests.of({
     check: (keyId) =>
       Effect.flatMap(Clock.currentTimeMillis, (now) => {
-        const wait = counter.retryAfter(keyId, now)
-        return wait === 0 ? Effect.void : Effect.fail(fail("too_many_failed_requests", { retryAfter: wait }))
+        const refused = refusal(keyId, now)
+        return refused === undefined ? Effect.void : Effect.fail(refused)
       }),
+    refusal,
     record: (keyId, error) =>
       isClientFailure(error)
         ? Effect.flatMap(Clock.currentTimeMillis, (now) => Effect.sync(() => counter.record(keyId, now)))

@@ -263,6 +263,19 @@ const answerClientErrors = (server: Http.Server) =>
     setTimeout(() => socket.destroy(), ANSWER_LINGER_MS).unref()
   })
 
+/**
+ * Services added per request (the request, its scope and state, route, request id, admission scope...) that
+ * go past `maxDepth` overlays make `Context.add` copy the whole service map; a flat base with room for them
+ * makes each add one small overlay.
+ */
+const REQUEST_CONTEXT_DEPTH = 24
+
+const withRequestBase = <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect<A, E, R> =>
+  Effect.updateContext(
+    effect,
+    (context: Context.Context<R>) => Context.makeUnsafe<R>(new Map(context.mapUnsafe), { maxDepth: REQUEST_CONTEXT_DEPTH })
+  )
+
 const listen = (server: Http.Server, listener: Listener) =>
   Effect.callback<number, NodeJS.ErrnoException>((resume) => {
     const onError = (error: NodeJS.ErrnoException) => resume(Effect.fail(error))
@@ -341,6 +354,8 @@ export const layer = <Rs extends Routes<any>, RE = never>(
       )
       const handler = yield* NodeHttpServer.makeHandler(app, { scope: requests })
         .pipe(
+          // Applied last, so it sees the services below: see `withRequestBase`.
+          withRequestBase,
           Effect.withTracerEnabled(tracing),
           Effect.provideService(HttpMiddleware.TracerDisabledWhen, untraced),
           Effect.provideService(Lifecycle, lifecycle),

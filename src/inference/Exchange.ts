@@ -5,12 +5,12 @@
  * its slot and records the request row. State changes only through its methods; whoever completes first wins,
  * later completions are no-ops.
  */
-import { Cause, Clock, type Context, Effect, Exit, Option, Scope, type Tracer } from "effect"
+import { Cause, Clock, Context, Effect, Exit, Option, Scope, type Tracer } from "effect"
 import { HttpServerRequest, HttpServerResponse } from "effect/http"
 import { Auth, type Caller } from "../auth/Auth.js"
 import { fail, type GatewayError } from "../errors/Catalog.js"
 import { renderInference } from "../errors/Render.js"
-import { guard as guardFailures, recordFailure } from "../http/FailedRequests.js"
+import { FailedRequests, recordFailure } from "../http/FailedRequests.js"
 import { currentRequestId, defectCode, handle, headersOf } from "../http/Respond.js"
 import type { Admission, AdmitInput, Standing, Ticket } from "../quota/Admission.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
@@ -79,6 +79,22 @@ export class Exchange implements RowSource {
   }
 
   /**
+   * `open` as a plain call, for the hot path (`exchangeRoute`): tracing off, the row id at hand. The caller
+   * registers the cancel backstop on the request's scope.
+   */
+  static openNow(
+    caller: Caller,
+    log: Log,
+    operation: Operation,
+    rowId: number,
+    requestId: string,
+    now: number,
+    telemetry: Telemetry
+  ): Exchange {
+    return new Exchange(caller, rowId, requestId, new Date(now), Scope.makeUnsafe(), log, telemetry, operation, undefined)
+  }
+
+  /**
    * Opens the exchange of an authenticated request: allocates its row id and registers, on the request's
    * scope (which closes after the response is written), the backstop that completes it as cancelled.
    */
@@ -91,7 +107,8 @@ export class Exchange implements RowSource {
       const telemetry = yield* CurrentTelemetry
       const parent = telemetry.tracing ? Option.getOrUndefined(yield* Effect.option(Effect.currentParentSpan)) : undefined
       const exchange = new Exchange(caller, rowId, requestId, new Date(now), scope, log, telemetry, operation, parent)
-      yield* Effect.addFinalizer(() => exchange.cancel())
+      // Not `Effect.addFinalizer`, which merges the request's whole context back in when the scope closes.
+      yield* Scope.addFinalizer(yield* Effect.scope, Effect.suspend(() => exchange.cancel()))
       return exchange
     })
   }
@@ -488,6 +505,26 @@ export interface ExchangeRouteOptions<RA = never> {
   readonly api?: string
 }
 
+/** What `exchangeHandler` needs besides the request: resolved once per route, not per request. */
+export interface ExchangeServices {
+  readonly auth: Context.Service.Shape<typeof Auth>
+  readonly log: Log
+  readonly failed: Context.Service.Shape<typeof FailedRequests>
+}
+
+export const exchangeServices: Effect.Effect<ExchangeServices, never, Auth | RequestLog | FailedRequests> = Effect.gen(
+  function*() {
+    return { auth: yield* Auth, log: yield* RequestLog, failed: yield* FailedRequests }
+  }
+)
+
+/** `exchangeServices` from a context that holds them. */
+export const exchangeServicesOf = (context: Context.Context<Auth | RequestLog | FailedRequests>): ExchangeServices => ({
+  auth: Context.get(context, Auth),
+  log: Context.get(context, RequestLog),
+  failed: Context.get(context, FailedRequests)
+})
+
 /**
  * The skeleton every spending `/v1` route shares (chat completions, embeddings, images), in this order: the bearer
  * key (401, counted against the client address), the failed-request guard (429, before the body), the exchange
@@ -501,26 +538,61 @@ export const exchangeRoute = <R, RA = never>(
     GatewayError,
     R
   >
-) =>
-  Effect.gen(function*() {
-    const request = yield* HttpServerRequest.HttpServerRequest
-    const auth = yield* Auth
-    const log = yield* RequestLog
-    return yield* handle(
-      options.render,
-      Effect.gen(function*() {
-        const caller = options.authenticate === undefined
-          ? yield* auth.bearer(request, options.xApiKey === true)
-          : yield* options.authenticate
-        yield* guardFailures(caller)
-        const exchange = yield* Exchange.open(caller, log, options.operation)
-        if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
-        if (options.api !== undefined) exchange.setApi(options.api)
-        return yield* finishing(
-          exchange,
-          Effect.andThen(auth.gate(caller, headersOf(request)), Effect.suspend(() => run(exchange, request))),
-          options.render
-        )
-      })
+) => Effect.flatMap(exchangeServices, (services) => exchangeHandler(services, options, run))
+
+/** `exchangeRoute` with its services at hand (`pipelineRoute` resolves them when the route is added). */
+export const exchangeHandler = <R, RA = never>(
+  services: ExchangeServices,
+  options: ExchangeRouteOptions<RA>,
+  run: (exchange: Exchange, request: HttpServerRequest.HttpServerRequest) => Effect.Effect<
+    HttpServerResponse.HttpServerResponse,
+    GatewayError,
+    R
+  >
+) => {
+  const { auth, failed, log } = services
+  const xApiKey = options.xApiKey === true
+  const operation = options.operation ?? "chat"
+  const opened = (exchange: Exchange) => {
+    if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
+    if (options.api !== undefined) exchange.setApi(options.api)
+  }
+  const general = (request: HttpServerRequest.HttpServerRequest) =>
+    Effect.gen(function*() {
+      const caller = options.authenticate === undefined ? yield* auth.bearer(request, xApiKey) : yield* options.authenticate
+      if (caller.key !== null) yield* failed.check(caller.key.id)
+      const exchange = yield* Exchange.open(caller, log, operation)
+      opened(exchange)
+      return yield* finishing(
+        exchange,
+        Effect.andThen(auth.gate(caller, headersOf(request)), Effect.suspend(() => run(exchange, request))),
+        options.render
+      )
+    })
+  // The same steps as plain calls in one Effect step when nothing has to wait: a key cached as valid, tracing
+  // off, a row id at hand. Anything else takes the general path above.
+  const hot = Effect.withFiber((fiber) => {
+    const request = Context.getUnsafe(fiber.context, HttpServerRequest.HttpServerRequest)
+    const now = fiber.getRef(Clock.Clock).currentTimeMillisUnsafe()
+    const caller = options.authenticate === undefined ? auth.cachedBearer(request, xApiKey, now) : undefined
+    if (caller === undefined) return general(request)
+    const refused = caller.key === null ? undefined : failed.refusal(caller.key.id, now)
+    if (refused !== undefined) return Effect.fail(refused)
+    const telemetry = fiber.getRef(CurrentTelemetry)
+    const rowId = telemetry.tracing ? undefined : log.nextIdNow()
+    if (rowId === undefined) return general(request)
+    const requestId = fiber.getRef(currentRequestId)
+    const exchange = Exchange.openNow(caller, log, operation, rowId, requestId, now, telemetry)
+    opened(exchange)
+    const refusal = auth.gateError(caller, headersOf(request), now)
+    return Effect.andThen(
+      Scope.addFinalizer(Context.getUnsafe(fiber.context, Scope.Scope), Effect.suspend(() => exchange.cancel())),
+      finishing(
+        exchange,
+        refusal === undefined ? Effect.suspend(() => run(exchange, request)) : Effect.fail(refusal),
+        options.render
+      )
     )
   })
+  return handle(options.render, hot)
+}

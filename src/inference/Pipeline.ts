@@ -11,7 +11,7 @@
  * 5. the upstream call through `adapterFor`, answered whole (the codec's `answer`) or streamed (the codec's
  *    framing on SseBody.ts), the exchange completing once, whichever way this ends.
  */
-import { type Context, Effect } from "effect"
+import { Context, Effect } from "effect"
 import { HttpRouter, type HttpServerRequest } from "effect/http"
 import { type ModelConfig, type PlanConfig, primaryDeployment } from "../config/GatewayConfig.js"
 import { type CatalogView, LiveCatalog, Settings } from "../config/Live.js"
@@ -29,7 +29,10 @@ import type { ChatRequest } from "./ChatRequest.js"
 import { type PoolChat, prepareForModel, prepareRequest } from "./ChatPrepare.js"
 import { accumulate, emptyAnswer, foldEvents, safeReceipt, settledHeaders, streamHeaders } from "./ChatWire.js"
 import type { Decoded, WireCodec } from "./Codec.js"
-import { type Exchange, exchangeRoute } from "./Exchange.js"
+import { type Exchange, exchangeHandler, exchangeServicesOf } from "./Exchange.js"
+import type { Auth } from "../auth/Auth.js"
+import type { FailedRequests } from "../http/FailedRequests.js"
+import type { RequestLog } from "../telemetry/RequestLog.js"
 import { modelIdOfBody } from "./JsonGuard.js"
 import { sseBody, sseResponse } from "./SseBody.js"
 import { upstreamFailure } from "../upstream/Failure.js"
@@ -226,25 +229,45 @@ const run = (
     })
   })
 
+/** What a pipeline route requires of the app: its services, resolved once per router (see `pipelineRoute`). */
+type RouteServices = LiveCatalog | Settings | Admission | Deployments | Auth | RequestLog | FailedRequests
+
 /**
- * The `POST` route of one wire codec on the pipeline. `codec` may be read from services (an effect, run per
- * request: it should hand out a codec it keeps), so the route registers without them (`Server.listRoutes`).
+ * The `POST` route of one wire codec on the pipeline. Its services are taken from the first request's context
+ * and kept for this router (one gateway: the app's services do not change between requests), instead of seven
+ * lookups on every request; building the route needs no service (`listRoutes` records routes with none).
  */
-export const pipelineRoute = <R = never>(path: `/${string}`, codec: WireCodec | Effect.Effect<WireCodec, never, R>) =>
-  HttpRouter.add(
-    "POST",
-    path,
-    Effect.gen(function*() {
-      const wire = Effect.isEffect(codec) ? yield* codec : codec
-      const services = {
-        catalog: yield* LiveCatalog,
-        settings: yield* Settings,
-        admission: yield* Admission,
-        deployments: yield* Deployments
-      }
-      return yield* exchangeRoute(
-        { render: wire.render, xApiKey: wire.xApiKey === true, api: wire.api },
-        (exchange, request) => run(wire, exchange, request, services)
+export const pipelineRoute = <R = never>(
+  path: `/${string}`,
+  /** The codec, or how to make it from the app's services (made once per router, with the handler). */
+  codec: WireCodec | ((context: Context.Context<R>) => WireCodec)
+) =>
+  HttpRouter.use((router) =>
+    Effect.suspend(() => {
+      let handler: ReturnType<typeof routeHandler> | undefined
+      const route = Effect.withFiber((fiber) =>
+        handler ??= routeHandler(
+          typeof codec === "function" ? codec(fiber.context as Context.Context<R>) : codec,
+          fiber.context as Context.Context<RouteServices>
+        )
       )
+      // The services are read from the request's context: the route still requires them.
+      type Required = Effect.Services<typeof route> | RouteServices | R
+      return router.add("POST", path, route as Effect.Effect<Effect.Success<typeof route>, never, Required>)
     })
   )
+
+/** One codec's per-request handler with its services at hand. */
+const routeHandler = (codec: WireCodec, context: Context.Context<RouteServices>) => {
+  const services = {
+    catalog: Context.get(context, LiveCatalog),
+    settings: Context.get(context, Settings),
+    admission: Context.get(context, Admission),
+    deployments: Context.get(context, Deployments)
+  }
+  return exchangeHandler(
+    exchangeServicesOf(context),
+    { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
+    (exchange, request) => run(codec, exchange, request, services)
+  )
+}

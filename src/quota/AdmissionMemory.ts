@@ -13,7 +13,7 @@
  *
  * All time comes from `Clock` (captured once when the layer is built), so `TestClock` drives everything.
  */
-import { Clock, Context, Duration, Effect, Exit, Layer } from "effect"
+import { Clock, Context, Duration, Effect, Exit, Layer, Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import type { PlanConfig } from "../config/GatewayConfig.js"
 import type { GatewayError } from "../errors/Catalog.js"
@@ -352,12 +352,15 @@ export const make = (options: MemoryOptions) =>
     const limiter = RateLimit.makeMemory()
 
     const admission = Admission.of({
+      // `Scope.addFinalizer` rather than `acquireRelease`: the release needs no captured context, and
+      // `acquireRelease` merges the whole request context into the closing fiber's (a map copy per request).
       admit: (input) =>
         Effect.flatMap(actors.get(input.accountId), (actor) =>
-          Effect.acquireRelease(
-            actors.ask<MemTicket>(actor, (reply) => ({ _tag: "Admit", input, reply })),
-            releaseTicket
-          )).pipe(Effect.map((t) => t.ticket)),
+          Effect.flatMap(Effect.scope, (scope) =>
+            Effect.uninterruptible(Effect.tap(
+              actors.ask<MemTicket>(actor, (reply) => ({ _tag: "Admit", input, reply })),
+              (t) => Scope.addFinalizer(scope, releaseTicket(t))
+            )))).pipe(Effect.map((t) => t.ticket)),
 
       standing: (accountId, plan) =>
         actors.with(accountId, (actor) => actors.ask<Standing>(actor, (reply) => ({ _tag: "Standing", plan, reply }))),

@@ -19,7 +19,7 @@
  *
  * Abuse counts admitted requests only (see `Transitions.admit`).
  */
-import { Clock, Context, Deferred, type Duration, Effect, Layer, type Redacted } from "effect"
+import { Clock, Context, Deferred, type Duration, Effect, Layer, type Redacted, Scope } from "effect"
 import { SqlClient } from "effect/sql"
 import type { Redis } from "ioredis"
 import type { PlanConfig } from "../config/GatewayConfig.js"
@@ -358,7 +358,13 @@ export const makeWithClient = (client: Redis, options: RedisAdmissionStoreOption
       })
 
     const admission = Admission.of({
-      admit: (input) => Effect.map(Effect.acquireRelease(admitOnce(input), release), (t) => t.ticket),
+      // Not `acquireRelease`, which merges the whole request context into the closing fiber's per request.
+      admit: (input) =>
+        Effect.flatMap(Effect.scope, (scope) =>
+          Effect.uninterruptible(Effect.map(
+            Effect.tap(admitOnce(input), (t) => Scope.addFinalizer(scope, release(t))),
+            (t) => t.ticket
+          ))),
 
       standing: (accountId, plan) =>
         Effect.gen(function*() {

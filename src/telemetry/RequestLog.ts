@@ -35,6 +35,8 @@ export const isRowRejection = (error: unknown): boolean => {
 export class RequestLog extends Context.Service<RequestLog, {
   /** Next request row id, without a database round trip (ids come in blocks of 1000). */
   readonly nextId: Effect.Effect<number>
+  /** `nextId` when the current block has one left (no wait), else undefined. */
+  readonly nextIdNow: () => number | undefined
   /** Queues a row (bounded and cleaned first); written by the batched writer (`runtime/Batcher.ts`), never on the caller's path. */
   readonly record: (row: RequestRow) => void
   /** Writes everything queued so far (rows the database rejects are dropped; see `dropped`). */
@@ -136,6 +138,7 @@ export const make = Effect.gen(function*() {
 
   return RequestLog.of({
     nextId,
+    nextIdNow: () => (next < end ? next++ : undefined),
     record: (row) => {
       const clean = sanitizeRow(row)
       if (clean === null) unusable++

@@ -55,6 +55,7 @@ const harness = () => {
   let nextId = 100
   const log: Parameters<typeof Exchange.open>[1] = {
     nextId: Effect.sync(() => nextId++),
+    nextIdNow: () => nextId++,
     record: (row) => void rows.push(row),
     flush: Effect.void,
     pending: () => 0,

@@ -6,7 +6,7 @@
  * Per request the codec keeps its turn (the response id, the decoded call, the stream encoder) keyed by the
  * exchange, from `decode` to the answer.
  */
-import { Clock, Effect, Layer, Result } from "effect"
+import { Clock, Context, Effect, Layer, Result } from "effect"
 import { HttpRouter, HttpServerRequest } from "effect/http"
 import { Auth } from "../../auth/Auth.js"
 import { isByokModel } from "../../byok/Reference.js"
@@ -182,20 +182,10 @@ export const makeResponsesCodec = (
 }
 
 /** `POST /v1/responses` on the pipeline. */
-/** The codec of each store (one per running gateway; tests run several in a process). */
-const codecs = new WeakMap<typeof ResponseStore.Service, WireCodec>()
-
 export const createResponse = pipelineRoute(
   "/v1/responses",
-  Effect.gen(function*() {
-    const store = yield* ResponseStore
-    let codec = codecs.get(store)
-    if (codec === undefined) {
-      codec = makeResponsesCodec(store, yield* LiveCatalog)
-      codecs.set(store, codec)
-    }
-    return codec
-  })
+  (context: Context.Context<ResponseStore | LiveCatalog>) =>
+    makeResponsesCodec(Context.get(context, ResponseStore), Context.get(context, LiveCatalog))
 )
 
 /** The caller of a stored-response route (key and account gates), and the path's id when it can be one. */

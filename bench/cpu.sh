@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Gateway CPU per request (user+sys of the whole process, worker threads included) under wrk load against the
+# shared bench's mock upstream, embedded mode, no profiler. Same setup as bench/profile.sh.
+#   bench/cpu.sh [chat|stream] [seconds] [connections] [repetitions]
+# Prints one line per repetition: requests, requests/s, CPU µs/req. DEPLOYMENTS=3 routes over 3 deployments.
+# NOBUILD=1 skips `npm run build`; NODE_FLAGS adds flags to the gateway (e.g. --heap-prof); the heap bound is the shared bench's. DISTS="dist dist-base" runs one gateway per build folder (each on its own copy
+# of the same data folder) and alternates them within every repetition: an A/B under the same foreign load.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BENCH=$(cd "$ROOT/../shared/bench" && pwd)
+SCENARIO=${1:-chat}
+SECONDS_=${2:-10}
+CONNS=${3:-32}
+REPS=${4:-3}
+OUT=$(mktemp -d /tmp/wellspring-cpu.XXXXXX)
+GW_PORT=${GW_PORT:-19110}
+MOCK_PORT=${MOCK_PORT:-19111}
+NODE=node; [[ -x $ROOT/node_modules/.bin/node ]] && NODE=$ROOT/node_modules/.bin/node
+[[ ${NOBUILD:-0} == 1 ]] || (cd "$ROOT" && npm run -s build)
+"$NODE" -e '
+  const Y = require(process.argv[1] + "/node_modules/yaml"); const fs = require("fs")
+  const doc = Y.parse(fs.readFileSync(process.argv[1] + "/config/gateway.yaml", "utf8"))
+  doc.dev_account = false
+  doc.plans.default = { session_limit: 1e12, weekly_limit: 1e12, session_hours: 5 }
+  doc.abuse = { burst: 1e9, window_seconds: 1, cooldown_seconds: 1 }
+  doc.catalog.providers.mock = { kind: "openai-compatible", base_url: "http://127.0.0.1:" + process.argv[3] + "/v1", connections: 64 }
+  for (const id of ["gpt-4o-mini", "mock-chunks20-delay10"])
+    doc.catalog.models.push({ id, owned_by: "bench", max_input_tokens: 100000, max_output_tokens: 4096,
+      rate_limit_rpm: 1e9, concurrency: 1e6, ...(process.env.DEPLOYMENTS
+        ? { deployments: Array.from({ length: Number(process.env.DEPLOYMENTS) }, (_, i) => ({ id: "d" + i, provider: "mock", model: id })) }
+        : { route: { provider: "mock", model: id } }) })
+  fs.writeFileSync(process.argv[2] + "/gateway.yaml", Y.stringify(doc))' "$ROOT" "$OUT" "$MOCK_PORT"
+(cd "$ROOT" && WELLSPRING_CONFIG=$OUT/gateway.yaml WELLSPRING_DATA_DIR=$OUT/data "$NODE" --import tsx src/cli.ts account:create --username bench --display-name Bench >/dev/null 2>&1)
+KEY=$(cd "$ROOT" && WELLSPRING_CONFIG=$OUT/gateway.yaml WELLSPRING_DATA_DIR=$OUT/data "$NODE" --import tsx src/cli.ts key:create --username bench 2>/dev/null | sed -n 's/.*API key: //p')
+PORT=$MOCK_PORT "$NODE" "$BENCH/mock-upstream.mjs" >"$OUT/mock.log" 2>&1 &
+PIDS=($!)
+trap 'kill -INT "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; mkdir -p /tmp/wellspring-cpu-logs; cp "$OUT"/*.log /tmp/wellspring-cpu-logs/ 2>/dev/null; rm -rf "$OUT"' EXIT
+read -r -a DIRS <<<"${DISTS:-dist}"
+GWS=()
+for i in "${!DIRS[@]}"; do
+  cp -r "$OUT/data" "$OUT/data$i"
+  WELLSPRING_CONFIG=$OUT/gateway.yaml WELLSPRING_DATA_DIR=$OUT/data$i WELLSPRING_PORT=$((GW_PORT + 2 * i)) \
+    "$NODE" --max-old-space-size=160 ${NODE_FLAGS:-} "$ROOT/${DIRS[$i]}/main.js" >"$OUT/gateway$i.log" 2>&1 &
+  PIDS+=($!); GWS+=($!)
+done
+BODY=$BENCH/bodies/chat.json; [[ $SCENARIO == stream ]] && BODY=$BENCH/bodies/chat-stream.json
+export WRK_BODY_FILE=$BODY WRK_HEADERS="Authorization: Bearer $KEY"
+HZ=$(getconf CLK_TCK)
+for i in "${!DIRS[@]}"; do
+  port=$((GW_PORT + 2 * i))
+  for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
+  wrk -t1 -c"$CONNS" -d3s -s "$BENCH/lib/wrk.lua" "http://127.0.0.1:$port/v1/chat/completions" >/dev/null
+done
+for rep in $(seq "$REPS"); do
+  for i in "${!DIRS[@]}"; do
+    pid=${GWS[$i]}
+    t0=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
+    res=$(wrk -t1 -c"$CONNS" -d"${SECONDS_}s" -s "$BENCH/lib/wrk.lua" "http://127.0.0.1:$((GW_PORT + 2 * i))/v1/chat/completions" | tail -1)
+    t1=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
+    node -e '
+      const r = JSON.parse(process.argv[1]); const cpuUs = (process.argv[3] - process.argv[2]) / process.argv[4] * 1e6
+      const errs = Object.values(r.errors).reduce((a, b) => a + b, 0)
+      console.log(`${process.argv[5]} ${process.argv[6]} rep ${process.argv[7]}: ${r.requests} req, ${(r.requests / r.duration_us * 1e6).toFixed(0)} rps, ${(cpuUs / r.requests).toFixed(0)} µs CPU/req, errors ${errs}`)' \
+      "$res" "$t0" "$t1" "$HZ" "${DIRS[$i]}" "$SCENARIO c=$CONNS" "$rep"
+  done
+done
+for i in "${!DIRS[@]}"; do
+  echo "${DIRS[$i]} peak RSS $(awk '/VmHWM/ { printf "%.0f MB", $2 / 1024 }' "/proc/${GWS[$i]}/status")"
+  grep -iE "error|warn" "$OUT/gateway$i.log" | head -3 || true
+done
