@@ -113,7 +113,7 @@ const parseModule = (path: string, text: string, exists: (path: string) => boole
         specifiers.push(first.text)
       }
       if (
-        ts.isPropertyAccessExpression(node.expression) && node.expression.name.text === "add" &&
+        ts.isPropertyAccessExpression(node.expression) && ROUTER_CALLS.has(node.expression.name.text) &&
         ts.isIdentifier(node.expression.expression) && node.expression.expression.text === "HttpRouter"
       ) {
         if (!inFunction) addsRoutes = true
@@ -138,6 +138,9 @@ const parseModule = (path: string, text: string, exists: (path: string) => boole
   })
   return { path, imports, addsRoutes, factories: [...factories], topLevelCalls }
 }
+
+/** `HttpRouter` calls that register routes: `add`, and `use` (a route added on the router it hands over). */
+const ROUTER_CALLS: ReadonlySet<string> = new Set(["add", "use"])
 
 /** Modules that register routes when loaded: `HttpRouter.add`, or an imported route factory, called at top level. */
 const routeModulesOf = (modules: ReadonlyArray<Module>): Set<string> => {
