@@ -17,21 +17,7 @@ GW_PORT=${GW_PORT:-19110}
 MOCK_PORT=${MOCK_PORT:-19111}
 NODE=node; [[ -x $ROOT/node_modules/.bin/node ]] && NODE=$ROOT/node_modules/.bin/node
 [[ ${NOBUILD:-0} == 1 ]] || (cd "$ROOT" && npm run -s build)
-"$NODE" -e '
-  const Y = require(process.argv[1] + "/node_modules/yaml"); const fs = require("fs")
-  const doc = Y.parse(fs.readFileSync(process.argv[1] + "/config/gateway.yaml", "utf8"))
-  doc.dev_account = false
-  doc.plans.default = { session_limit: 1e12, weekly_limit: 1e12, session_hours: 5 }
-  doc.abuse = { burst: 1e9, window_seconds: 1, cooldown_seconds: 1 }
-  doc.catalog.providers.mock = { kind: "openai-compatible", base_url: "http://127.0.0.1:" + process.argv[3] + "/v1", connections: 64 }
-  for (const id of ["gpt-4o-mini", "mock-chunks20-delay10"])
-    doc.catalog.models.push({ id, owned_by: "bench", max_input_tokens: 100000, max_output_tokens: 4096,
-      rate_limit_rpm: 1e9, concurrency: 1e6, ...(process.env.DEPLOYMENTS
-        ? { deployments: Array.from({ length: Number(process.env.DEPLOYMENTS) }, (_, i) => ({ id: "d" + i, provider: "mock", model: id })) }
-        : { route: { provider: "mock", model: id } }) })
-  fs.writeFileSync(process.argv[2] + "/gateway.yaml", Y.stringify(doc))' "$ROOT" "$OUT" "$MOCK_PORT"
-(cd "$ROOT" && WELLSPRING_CONFIG=$OUT/gateway.yaml WELLSPRING_DATA_DIR=$OUT/data "$NODE" --import tsx src/cli.ts account:create --username bench --display-name Bench >/dev/null 2>&1)
-KEY=$(cd "$ROOT" && WELLSPRING_CONFIG=$OUT/gateway.yaml WELLSPRING_DATA_DIR=$OUT/data "$NODE" --import tsx src/cli.ts key:create --username bench 2>/dev/null | sed -n 's/.*API key: //p')
+source "$ROOT/bench/setup.sh"
 PORT=$MOCK_PORT "$NODE" "$BENCH/mock-upstream.mjs" >"$OUT/mock.log" 2>&1 &
 PIDS=($!)
 trap 'kill -INT "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; mkdir -p /tmp/wellspring-cpu-logs; cp "$OUT"/*.log /tmp/wellspring-cpu-logs/ 2>/dev/null; rm -rf "$OUT"' EXIT
