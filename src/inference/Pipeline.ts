@@ -119,15 +119,20 @@ export const poolStep = <A, R>(
   run
 })
 
+/** What every answer of one request is written with: its codec, exchange, plan and extra headers. */
+interface Answering {
+  readonly codec: WireCodec
+  readonly exchange: Exchange
+  readonly plan: PlanConfig
+  readonly extra: Record<string, string>
+}
+
 /** A non-stream answer: the whole answer in one call, then the exchange completes and the body is written. */
 const complete = (
-  codec: WireCodec,
-  exchange: Exchange,
-  plan: PlanConfig,
+  { codec, exchange, extra, plan }: Answering,
   adapter: UpstreamAdapter,
   request: UpstreamRequest,
-  mapFailure: MapFailure,
-  extra: Record<string, string>
+  mapFailure: MapFailure
 ) =>
   Effect.gen(function*() {
     exchange.markDispatched()
@@ -142,13 +147,10 @@ const complete = (
 
 /** A stream: the SSE body fed by the upstream call; the exchange completes from its callbacks. */
 const streamed = (
-  codec: WireCodec,
-  exchange: Exchange,
-  plan: PlanConfig,
+  { codec, exchange, extra, plan }: Answering,
   adapter: UpstreamAdapter,
   request: UpstreamRequest,
-  mapFailure: MapFailure,
-  extra: Record<string, string>
+  mapFailure: MapFailure
 ) =>
   Effect.gen(function*() {
     const context = yield* Effect.context<never>()
@@ -209,12 +211,12 @@ const run = (
     const body = yield* readJsonWith(request, limits)
     exchange.requestedModel(modelIdOfBody(body))
     const decoded = yield* codec.decode(body, exchange, limits)
-    const extra = extraHeaders(decoded)
+    const answering: Answering = { codec, exchange, plan, extra: extraHeaders(decoded) }
 
     const respond = (adapter: UpstreamAdapter, upstream: UpstreamRequest, mapFailure: MapFailure) =>
       upstream.stream
-        ? streamed(codec, exchange, plan, adapter, upstream, mapFailure, extra)
-        : complete(codec, exchange, plan, adapter, upstream, mapFailure, extra)
+        ? streamed(answering, adapter, upstream, mapFailure)
+        : complete(answering, adapter, upstream, mapFailure)
 
     /** A catalog model's step: admitted against the pools, sent to its deployments. */
     const pooled = ({ model, upstream }: PoolChat) =>
