@@ -23,7 +23,7 @@ import {
   type ResolvedDeployment,
   type RoutingConfig
 } from "../config/GatewayConfig.js"
-import { classify } from "../upstream/Failure.js"
+import { classify, type Failure } from "../upstream/Failure.js"
 import {
   type UpstreamAdapter,
   type UpstreamCall,
@@ -83,6 +83,9 @@ interface Load {
   minute: number
   sent: number
 }
+
+/** How an attempt ended, for its deployment's health. */
+type Outcome = "success" | "neutral" | Failure
 
 const keyOf = (model: ModelConfig, deployment: ResolvedDeployment): string => `${model.id}/${deployment.id}`
 
@@ -147,15 +150,14 @@ export const makeRouter = (options: RouterOptions) =>
     /** Ends one attempt's hold on its deployment, with its outcome for health; idempotent. */
     const ender = (choice: Choice, clock: Clock.Clock) => {
       let ended = false
-      return (outcome: "success" | "neutral" | UpstreamError): void => {
+      return (outcome: Outcome): void => {
         if (ended) return
         ended = true
         choice.load.inFlight -= 1
         if (outcome === "neutral") return book.neutral(choice.key)
         const now = clock.currentTimeMillisUnsafe()
         if (outcome === "success") return book.success(choice.key, now)
-        const failure = classify(outcome, "catalog")
-        if (failure.health) book.failure(choice.key, now, failure.retryAfterMs)
+        if (outcome.health) book.failure(choice.key, now, outcome.retryAfterMs)
         else book.neutral(choice.key)
       }
     }
@@ -170,7 +172,7 @@ export const makeRouter = (options: RouterOptions) =>
       call: (
         deployment: ResolvedDeployment,
         adapter: UpstreamAdapter,
-        end: (outcome: "success" | "neutral" | UpstreamError) => void
+        end: (outcome: Outcome) => void
       ) => Effect.Effect<A, UpstreamError>
     ): Effect.Effect<A, UpstreamError> =>
       // Interruptible only while an attempt is under way: a call that was opened is returned (or ended) without an
@@ -185,6 +187,11 @@ export const makeRouter = (options: RouterOptions) =>
           if (attempt > 0 && now - started >= failover.budget_seconds * 1000) break
           const choice = pick(candidates(model, tried, now), random)
           if (choice === null) break
+          if (last !== null) {
+            yield* Effect.logInfo("deployment failed before the first byte; trying another").pipe(
+              Effect.annotateLogs({ model: model.id, failed: [...tried].at(-1), next: choice.deployment.id, kind: last.kind })
+            )
+          }
           tried.add(choice.deployment.id)
           observer.attempt(choice.deployment.id)
           begin(choice, now)
@@ -197,27 +204,23 @@ export const makeRouter = (options: RouterOptions) =>
           )
           if (result._tag === "Success") return result.success
           const error = result.failure
-          end(error)
+          const failure = classify(error, "catalog")
+          end(failure)
           last = error
-          if (!classify(error, "catalog").retryable) break
-          if (attempt + 1 < failover.max_attempts) {
-            yield* Effect.logInfo("deployment failed before the first byte; trying another").pipe(
-              Effect.annotateLogs({ model: model.id, deployment: choice.deployment.id, kind: error.kind })
-            )
-          }
+          if (!failure.retryable) break
         }
         return yield* Effect.fail(last ?? NO_DEPLOYMENT(model.id))
       }))
 
     /** The sink of one attempt: passes everything on, and ends the attempt's hold with how the answer ended. */
-    const watched = (sink: UpstreamSink, end: (outcome: "success" | UpstreamError) => void): UpstreamSink => ({
+    const watched = (sink: UpstreamSink, end: (outcome: Outcome) => void): UpstreamSink => ({
       onEvents: (events) => sink.onEvents(events),
       onEnd: () => {
         end("success")
         sink.onEnd()
       },
       onError: (error) => {
-        end(error)
+        end(classify(error, "catalog"))
         sink.onError(error)
       }
     })
