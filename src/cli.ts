@@ -516,7 +516,7 @@ const listDeployments = async (
     return 0
   }
   io.out(table([
-    ["MODEL", "DEPLOYMENT", "PROVIDER", "UPSTREAM MODEL", "WEIGHT", "PRIO", "STATE", "RETRY IN", "IN FLIGHT", "FAILED/RECENT"],
+    ["MODEL", "DEPLOYMENT", "PROVIDER", "UPSTREAM MODEL", "WEIGHT", "PRIO", "STATE", "RETRY IN", "IN FLIGHT", "FAILURES"],
     ...rows.map((r) => [
       r.model,
       r.deployment,
@@ -527,7 +527,7 @@ const listDeployments = async (
       r.cooling ? `${r.state}, cooling` : r.state,
       r.retryInSeconds > 0 ? `${r.retryInSeconds}s` : "-",
       String(r.inFlight),
-      `${r.recentFailures}/${r.recentRequests}`
+      String(r.recentFailures)
     ])
   ]))
   return 0

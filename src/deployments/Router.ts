@@ -53,6 +53,7 @@ export interface DeploymentStatus {
   readonly retryInSeconds: number
   readonly cooling: boolean
   readonly inFlight: number
+  /** Answers counted in the health window (counting starts at the deployment's first failure). */
   readonly recentRequests: number
   readonly recentFailures: number
   readonly consecutiveFailures: number
