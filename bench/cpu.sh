@@ -3,7 +3,7 @@
 # shared bench's mock upstream, embedded mode, no profiler. Same setup as bench/profile.sh.
 #   bench/cpu.sh [chat|stream] [seconds] [connections] [repetitions]
 # Prints one line per repetition: requests, requests/s, CPU µs/req. DEPLOYMENTS=3 routes over 3 deployments.
-# NOBUILD=1 skips `npm run build`; NODE_FLAGS adds flags to the gateway (e.g. --heap-prof); the heap bound is the shared bench's. DISTS="dist dist-base" runs one gateway per build folder (each on its own copy
+# PIN=1 pins as the shared bench does. THREADS=1 adds each thread's share of the CPU. NOBUILD=1 skips `npm run build`; NODE_FLAGS adds flags to the gateway (e.g. --heap-prof); the heap bound is the shared bench's. DISTS="dist dist-base" runs one gateway per build folder (each on its own copy
 # of the same data folder) and alternates them within every repetition: an A/B under the same foreign load.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,17 +21,26 @@ source "$ROOT/bench/setup.sh"
 PORT=$MOCK_PORT "$NODE" "$BENCH/mock-upstream.mjs" >"$OUT/mock.log" 2>&1 &
 PIDS=($!)
 trap 'kill -INT "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; mkdir -p /tmp/wellspring-cpu-logs; cp "$OUT"/*.log /tmp/wellspring-cpu-logs/ 2>/dev/null; rm -rf "$OUT"' EXIT
+# PIN=1: the gateways on core 1 and wrk on core 0, as ../shared/bench runs them (wrk's timeout 5 s, as there)
+PIN_GATEWAY=; PIN_WRK=; WRK_TIMEOUT=2s
+[[ ${PIN:-0} == 1 ]] && { PIN_GATEWAY="taskset -c 1"; PIN_WRK="taskset -c 0"; WRK_TIMEOUT=5s; }
 read -r -a DIRS <<<"${DISTS:-dist}"
 GWS=()
 for i in "${!DIRS[@]}"; do
   cp -r "$OUT/data" "$OUT/data$i"
   WELLSPRING_CONFIG=$OUT/gateway.yaml WELLSPRING_DATA_DIR=$OUT/data$i WELLSPRING_PORT=$((GW_PORT + 2 * i)) \
-    "$NODE" --max-old-space-size=160 ${NODE_FLAGS:-} "$ROOT/${DIRS[$i]}/main.js" >"$OUT/gateway$i.log" 2>&1 &
+    $PIN_GATEWAY "$NODE" --max-old-space-size=160 ${NODE_FLAGS:-} "$ROOT/${DIRS[$i]}/main.js" >"$OUT/gateway$i.log" 2>&1 &
   PIDS+=($!); GWS+=($!)
 done
 BODY=$BENCH/bodies/chat.json; [[ $SCENARIO == stream ]] && BODY=$BENCH/bodies/chat-stream.json
 export WRK_BODY_FILE=$BODY WRK_HEADERS="Authorization: Bearer $KEY"
 HZ=$(getconf CLK_TCK)
+# "name:tid ticks" per thread of a process (THREADS=1 prints each thread name's share of the CPU)
+thread_ticks() {
+  for t in /proc/$1/task/*; do
+    echo "$(tr ' ' '_' <"$t/comm"):${t##*/} $(awk '{ print $14 + $15 }' "$t/stat")"
+  done | sort
+}
 for i in "${!DIRS[@]}"; do
   port=$((GW_PORT + 2 * i))
   for _ in $(seq 200); do curl -sf "http://127.0.0.1:$port/healthz" >/dev/null && break; sleep 0.1; done
@@ -41,13 +50,16 @@ for rep in $(seq "$REPS"); do
   for i in "${!DIRS[@]}"; do
     pid=${GWS[$i]}
     t0=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
-    res=$(wrk -t1 -c"$CONNS" -d"${SECONDS_}s" -s "$BENCH/lib/wrk.lua" "http://127.0.0.1:$((GW_PORT + 2 * i))/v1/chat/completions" | tail -1)
+    [[ ${THREADS:-0} == 1 ]] && threads0=$(thread_ticks "$pid")
+    res=$($PIN_WRK wrk --timeout $WRK_TIMEOUT -t1 -c"$CONNS" -d"${SECONDS_}s" -s "$BENCH/lib/wrk.lua" "http://127.0.0.1:$((GW_PORT + 2 * i))/v1/chat/completions" | tail -1)
     t1=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
     node -e '
       const r = JSON.parse(process.argv[1]); const cpuUs = (process.argv[3] - process.argv[2]) / process.argv[4] * 1e6
       const errs = Object.values(r.errors).reduce((a, b) => a + b, 0)
-      console.log(`${process.argv[5]} ${process.argv[6]} rep ${process.argv[7]}: ${r.requests} req, ${(r.requests / r.duration_us * 1e6).toFixed(0)} rps, ${(cpuUs / r.requests).toFixed(0)} µs CPU/req, errors ${errs}`)' \
+      console.log(`${process.argv[5]} ${process.argv[6]} rep ${process.argv[7]}: ${r.requests} req, ${(r.requests / r.duration_us * 1e6).toFixed(0)} rps, ${(cpuUs / r.requests).toFixed(0)} µs CPU/req, errors ${errs}, p50/p99/max ${(r.lat_us.p50 / 1000).toFixed(0)}/${(r.lat_us.p99 / 1000).toFixed(0)}/${(r.lat_us.max / 1000).toFixed(0)} ms`)' \
       "$res" "$t0" "$t1" "$HZ" "${DIRS[$i]}" "$SCENARIO c=$CONNS" "$rep"
+    [[ ${THREADS:-0} == 1 ]] && join <(echo "$threads0") <(thread_ticks "$pid") | awk -v total=$((t1 - t0)) '
+      { d = $3 - $2; if (d > 0) { split($1, parts, ":"); by[parts[1]] += d } } END { for (k in by) printf "  %-16s %5.1f %%\n", k, 100 * by[k] / total }' | sort -k2 -nr
   done
 done
 for i in "${!DIRS[@]}"; do
