@@ -5,6 +5,7 @@
 # Prints one line per repetition: requests, requests/s, CPU µs/req. DEPLOYMENTS=3 routes over 3 deployments.
 # PIN=1 pins as the shared bench does. THREADS=1 adds each thread's share of the CPU. NOBUILD=1 skips `npm run build`; NODE_FLAGS adds flags to the gateway (e.g. --heap-prof); the heap bound is the shared bench's. DISTS="dist dist-base" runs one gateway per build folder (each on its own copy
 # of the same data folder) and alternates them within every repetition: an A/B under the same foreign load.
+# FLAGS0, FLAGS1, ... add node flags to the first, second, ... gateway only (an A/B of flags: DISTS="dist dist").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH=$(cd "$ROOT/../shared/bench" && pwd)
@@ -29,7 +30,7 @@ GWS=()
 for i in "${!DIRS[@]}"; do
   cp -r "$OUT/data" "$OUT/data$i"
   WELLSPRING_CONFIG=$OUT/gateway.yaml WELLSPRING_DATA_DIR=$OUT/data$i WELLSPRING_PORT=$((GW_PORT + 2 * i)) \
-    $PIN_GATEWAY "$NODE" --max-old-space-size=160 ${NODE_FLAGS:-} "$ROOT/${DIRS[$i]}/main.js" >"$OUT/gateway$i.log" 2>&1 &
+    $PIN_GATEWAY "$NODE" --max-old-space-size=160 ${NODE_FLAGS:-} $(eval echo "\${FLAGS$i:-}") "$ROOT/${DIRS[$i]}/main.js" >"$OUT/gateway$i.log" 2>&1 &
   PIDS+=($!); GWS+=($!)
 done
 BODY=$BENCH/bodies/chat.json; [[ $SCENARIO == stream ]] && BODY=$BENCH/bodies/chat-stream.json

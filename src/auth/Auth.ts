@@ -6,6 +6,7 @@ import { randomUUID } from "node:crypto"
 import { Settings } from "../config/Live.js"
 import { AuthMessages, fail, type GatewayError } from "../errors/Catalog.js"
 import * as ClientAddress from "../http/ClientAddress.js"
+import { headersOf } from "../http/Respond.js"
 import * as Batcher from "../runtime/Batcher.js"
 import { MAX_TRACKED_KEYS } from "../runtime/RateWindow.js"
 import { CurrentTelemetry } from "../telemetry/Telemetry.js"
@@ -375,7 +376,8 @@ export const make = Effect.gen(function*() {
 
   const cachedBearer = (request: HttpServerRequest.HttpServerRequest, xApiKey: boolean, now: number): Caller | undefined => {
     if (telemetry.tracing) return undefined
-    const authorization = xApiKey ? authorizationOrApiKey(request.headers) : request.headers.authorization
+    const headers = headersOf(request)
+    const authorization = xApiKey ? authorizationOrApiKey(headers) : headers.authorization
     if (authorization === undefined) return undefined
     const token = bearerToken(authorization)
     if (token === null || !isWellFormed(token, config.key_prefix)) return undefined
@@ -393,7 +395,7 @@ export const make = Effect.gen(function*() {
     bearer: (request, xApiKey) =>
       telemetry.span(
         authenticateKey(
-          xApiKey === true ? authorizationOrApiKey(request.headers) : request.headers.authorization,
+          xApiKey === true ? authorizationOrApiKey(headersOf(request)) : headersOf(request).authorization,
           clientAddress(request)
         ),
         "wellspring.auth"
