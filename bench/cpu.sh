@@ -21,7 +21,7 @@ NODE=node; [[ -x $ROOT/node_modules/.bin/node ]] && NODE=$ROOT/node_modules/.bin
 source "$ROOT/bench/setup.sh"
 PORT=$MOCK_PORT "$NODE" "$BENCH/mock-upstream.mjs" >"$OUT/mock.log" 2>&1 &
 PIDS=($!)
-trap 'kill -INT "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; mkdir -p /tmp/wellspring-cpu-logs; cp "$OUT"/*.log /tmp/wellspring-cpu-logs/ 2>/dev/null; rm -rf "$OUT"' EXIT
+trap 'kill -INT "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; [[ ${KEEP:-0} == 1 ]] && rm -rf /tmp/wellspring-cpu-data && cp -r "$OUT/data0" /tmp/wellspring-cpu-data; mkdir -p /tmp/wellspring-cpu-logs; cp "$OUT"/*.log /tmp/wellspring-cpu-logs/ 2>/dev/null; rm -rf "$OUT"' EXIT
 # PIN=1: the gateways on core 1 and wrk on core 0, as ../shared/bench runs them (wrk's timeout 5 s, as there)
 PIN_GATEWAY=; PIN_WRK=; WRK_TIMEOUT=2s
 [[ ${PIN:-0} == 1 ]] && { PIN_GATEWAY="taskset -c 1"; PIN_WRK="taskset -c 0"; WRK_TIMEOUT=5s; }
@@ -56,7 +56,7 @@ for rep in $(seq "$REPS"); do
     t1=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
     node -e '
       const r = JSON.parse(process.argv[1]); const cpuUs = (process.argv[3] - process.argv[2]) / process.argv[4] * 1e6
-      const errs = Object.values(r.errors).reduce((a, b) => a + b, 0)
+      const errs = Object.entries(r.errors).filter(([, v]) => v > 0).map(([k, v]) => k + " " + v).join(" + ") || 0
       console.log(`${process.argv[5]} ${process.argv[6]} rep ${process.argv[7]}: ${r.requests} req, ${(r.requests / r.duration_us * 1e6).toFixed(0)} rps, ${(cpuUs / r.requests).toFixed(0)} µs CPU/req, errors ${errs}, p50/p99/max ${(r.lat_us.p50 / 1000).toFixed(0)}/${(r.lat_us.p99 / 1000).toFixed(0)}/${(r.lat_us.max / 1000).toFixed(0)} ms`)' \
       "$res" "$t0" "$t1" "$HZ" "${DIRS[$i]}" "$SCENARIO c=$CONNS" "$rep"
     [[ ${THREADS:-0} == 1 ]] && join <(echo "$threads0") <(thread_ticks "$pid") | awk -v total=$((t1 - t0)) '
