@@ -3,7 +3,8 @@
  * what the request accumulates (model, sizes, timings, delivered output, usage, the admission ticket) and ends
  * with exactly one completion -- success, failed or cancelled -- that settles or refunds the ticket, releases
  * its slot and records the request row. State changes only through its methods; whoever completes first wins,
- * later completions are no-ops.
+ * later completions are no-ops. Codecs read it through `ExchangeView`; the answer writers, the deployment
+ * router and the image job count through `AnswerMeter`.
  */
 import { Cause, Clock, Context, Effect, Exit, Option, Scope, type Tracer } from "effect"
 import { HttpServerRequest, HttpServerResponse } from "effect/http"
@@ -16,6 +17,7 @@ import type { Admission, AdmitInput, Standing, Ticket } from "../quota/Admission
 import { RequestLog } from "../telemetry/RequestLog.js"
 import { type Completion, requestRow, type RowSource, tokensPerSecond } from "../telemetry/RequestRow.js"
 import { CurrentTelemetry, type Operation, type Series, type Telemetry } from "../telemetry/Telemetry.js"
+import type { AttemptObserver } from "../deployments/Router.js"
 import type { Usage } from "../upstream/Upstream.js"
 import { UNKNOWN_MODEL_ID } from "./JsonGuard.js"
 import { isUpstreamFailure } from "../upstream/Failure.js"
@@ -31,7 +33,42 @@ const CANCELLED: Completion = { status: "cancelled" }
 
 type Log = Context.Service.Shape<typeof RequestLog>
 
-export class Exchange implements RowSource {
+/** What codecs and answer writers read of a request; nothing here changes it. */
+export interface ExchangeView {
+  readonly caller: Caller
+  readonly accountId: string
+  readonly rowId: number
+  readonly requestId: string
+  readonly createdAt: Date
+  /** The model the row records: the body's, then the resolved one (the pool model after a fallback). */
+  readonly modelId: string
+  /** The input estimate that admission reserves. */
+  readonly estimatedInput: number
+  /** The admission ticket, once admitted. */
+  readonly ticket: Ticket | null
+  /** Usage to charge: the upstream's figures, else an estimate of what was delivered. */
+  chargeable(): Usage
+}
+
+/**
+ * What accumulates while the upstream call runs and its answer flows: the dispatch, first-byte and first-event
+ * times, the output delivered, the upstream's usage, the deployment router's attempts. The only way the answer
+ * writers (`accumulate`, a codec's stream framing), the deployment router and the image job change the exchange.
+ */
+export interface AnswerMeter extends AttemptObserver {
+  /** The upstream request (or image job) was sent. */
+  markDispatched(): void
+  /** The answer's first byte is ready (a whole answer: when it came). */
+  markFirstByte(): void
+  /** The first upstream events are being written (a stream's time to first token). */
+  markFirstEvent(): void
+  /** Characters of output handed to the client (content, reasoning, tool arguments). */
+  addDelivered(chars: number): void
+  /** The upstream's usage figures (what is charged). */
+  setUsage(usage: Usage): void
+}
+
+export class Exchange implements RowSource, ExchangeView, AnswerMeter {
   readonly startedAt = performance.now()
 
   #modelId = UNKNOWN_MODEL_ID

@@ -29,7 +29,7 @@ import type { ChatRequest } from "./ChatRequest.js"
 import { type PoolChat, prepareForModel, prepareRequest } from "./ChatPrepare.js"
 import { accumulate, emptyAnswer, foldEvents, safeReceipt, settledHeaders, streamHeaders } from "./ChatWire.js"
 import type { Decoded, WireCodec } from "./Codec.js"
-import { type Exchange, exchangeHandler, exchangeServicesOf } from "./Exchange.js"
+import { type AnswerMeter, type Exchange, exchangeHandler, exchangeServicesOf } from "./Exchange.js"
 import type { Auth } from "../auth/Auth.js"
 import type { FailedRequests } from "../http/FailedRequests.js"
 import type { RequestLog } from "../telemetry/RequestLog.js"
@@ -41,14 +41,14 @@ type MapFailure = (error: UpstreamError) => GatewayError
 
 /**
  * The adapter that serves a catalog model: the deployment router (balanced over the model's deployments, with
- * failover before the first byte; attempts recorded on the exchange). The one place the pool path picks its
+ * failover before the first byte; its attempts counted on the meter). The one place the pool path picks its
  * upstream.
  */
 export const adapterFor = (
   deployments: Context.Service.Shape<typeof Deployments>,
   model: ModelConfig,
-  exchange: Exchange
-): UpstreamAdapter => deployments.forModel(model, exchange)
+  meter: AnswerMeter
+): UpstreamAdapter => deployments.forModel(model, meter)
 
 /** The catalog model a client's `model` names: a model id, else an alias of one (`catalog.aliases`). */
 export const lookupModel = (view: CatalogView, id: string): ModelConfig | undefined => {
@@ -154,7 +154,8 @@ const streamed = (
 ) =>
   Effect.gen(function*() {
     const context = yield* Effect.context<never>()
-    const framing = codec.stream(exchange)
+    // The same exchange, read through its view and counted through its meter.
+    const framing = codec.stream(exchange, exchange)
     // A codec that keeps the finished answer gets a copy of the events folded alongside the frames.
     const hook = codec.completed
     const kept = hook === undefined ? null : emptyAnswer()
