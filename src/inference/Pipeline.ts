@@ -57,7 +57,7 @@ import { upstreamFailure } from "../upstream/Failure.js"
 
 type MapFailure = (error: UpstreamError) => GatewayError
 
-/** The app's services the pipeline uses, resolved once per router (`pipelinePost`). */
+/** The app's services the pipeline uses, resolved once per router (`postOnce`). */
 interface PipelineServices {
   readonly catalog: Context.Service.Shape<typeof LiveCatalog>
   readonly settings: Context.Service.Shape<typeof Settings>
@@ -384,7 +384,7 @@ const runEmbeddings = (
 
 // ----- routes
 
-/** What a pipeline route requires of the app: its services, resolved once per router (see `pipelinePost`). */
+/** What a pipeline route requires of the app: its services, resolved once per router (see `postOnce`). */
 type RouteServices = LiveCatalog | Settings | Admission | Deployments | Auth | RequestLog | FailedRequests
 
 /** The pipeline's services from a context that holds them. */
@@ -396,23 +396,23 @@ const servicesOf = (context: Context.Context<RouteServices>): PipelineServices =
 })
 
 /**
- * A `POST` route on the pipeline. Its handler is made from the first request's context and kept for this router
- * (one gateway: the app's services do not change between requests), instead of seven service lookups on every
- * request; building the route needs no service (`listRoutes` records routes with none).
+ * Adds a `POST` route on the pipeline to `router` (for `HttpRouter.use`). Its handler is made from the first
+ * request's context and kept for this router (one gateway: the app's services do not change between requests),
+ * instead of seven service lookups on every request; building the route needs no service (`listRoutes` records
+ * routes with none).
  */
-const pipelinePost = <H extends Effect.Effect<HttpServerResponse.HttpServerResponse, never, any>, C = never>(
+const postOnce = <H extends Effect.Effect<HttpServerResponse.HttpServerResponse, never, any>, C = never>(
   path: `/${string}`,
   handlerOf: (context: Context.Context<RouteServices | C>) => H
 ) =>
-  HttpRouter.use((router) =>
-    Effect.suspend(() => {
-      let handler: H | undefined
-      const route = Effect.withFiber((fiber) => handler ??= handlerOf(fiber.context as Context.Context<RouteServices | C>))
-      // The services are read from the request's context: the route still requires them.
-      type Required = Effect.Services<typeof route> | RouteServices | C
-      return router.add("POST", path, route as Effect.Effect<Effect.Success<typeof route>, never, Required>)
-    })
-  )
+(router: HttpRouter.HttpRouter) =>
+  Effect.suspend(() => {
+    let handler: H | undefined
+    const route = Effect.withFiber((fiber) => handler ??= handlerOf(fiber.context as Context.Context<RouteServices | C>))
+    // The services are read from the request's context: the route still requires them.
+    type Required = Effect.Services<typeof route> | RouteServices | C
+    return router.add("POST", path, route as Effect.Effect<Effect.Success<typeof route>, never, Required>)
+  })
 
 /** A chat codec's per-request handler with its services at hand. */
 const chatHandler = (codec: WireCodec, context: Context.Context<RouteServices>) => {
@@ -430,8 +430,8 @@ export const pipelineRoute = <R = never>(
   /** The codec, or how to make it from the app's services (made once per router, with the handler). */
   codec: WireCodec | ((context: Context.Context<R>) => WireCodec)
 ) =>
-  pipelinePost<ReturnType<typeof chatHandler>, R>(path, (context) =>
-    chatHandler(typeof codec === "function" ? codec(context as Context.Context<R>) : codec, context))
+  HttpRouter.use(postOnce<ReturnType<typeof chatHandler>, R>(path, (context) =>
+    chatHandler(typeof codec === "function" ? codec(context as Context.Context<R>) : codec, context)))
 
 /** The embeddings handler with its services at hand. */
 const embeddingsHandler = (context: Context.Context<RouteServices>) => {
@@ -444,4 +444,4 @@ const embeddingsHandler = (context: Context.Context<RouteServices>) => {
 }
 
 /** `POST /v1/embeddings` on the pipeline. */
-export const embeddingsRoute = (path: `/${string}`) => pipelinePost(path, embeddingsHandler)
+export const embeddingsRoute = (path: `/${string}`) => HttpRouter.use(postOnce(path, embeddingsHandler))
