@@ -72,7 +72,8 @@ export class Deployments extends Context.Service<Deployments, {
 export type ShareHealth = (event: HealthEvent) => void
 
 export interface RouterOptions {
-  readonly routing: RoutingConfig
+  /** The `routing` settings in force, read at each request and outcome (`LiveRouting.ts` keeps it current). */
+  readonly routing: () => RoutingConfig
   /** The balancer's chance, in [0, 1); a seeded one makes choices repeatable. */
   readonly random?: (() => number) | undefined
   readonly share?: ShareHealth | undefined
@@ -98,8 +99,8 @@ export const makeRouter = (options: RouterOptions) =>
     const upstreams = yield* Upstreams
     const layerClock = yield* Clock.Clock
     const random = options.random ?? Math.random
-    const failover = options.routing.failover
-    const book = new HealthBook(() => options.routing.health, options.share)
+    const routing = options.routing
+    const book = new HealthBook(() => routing().health, options.share)
     const loads = new Map<string, Load>()
 
     const loadOf = (key: string): Load => {
@@ -180,6 +181,7 @@ export const makeRouter = (options: RouterOptions) =>
       // interruption point in between, so it is never lost with its deployment's in-flight count.
       Effect.uninterruptibleMask((restore) => Effect.gen(function*() {
         const clock = yield* Clock.Clock
+        const failover = routing().failover
         const started = clock.currentTimeMillisUnsafe()
         const tried = new Set<string>()
         let last: UpstreamError | null = null
