@@ -4,10 +4,15 @@
  * slots (its heartbeat stops, nothing is released) gives them back within the 9 s lease, and not before, while a
  * live one keeps them as long as it lives; hostile contents of the keys and odd replies skip the deployment rather
  * than admit past the cap. Then the router of two replicas (`HealthRedis.ts`, real fake upstreams) holding a
- * deployment's `rate_limit_rpm` together until the window slides.
+ * deployment's `rate_limit_rpm` together until the window slides. Last, in real time against Redis TIME, a separate
+ * process holding slots is SIGKILLed right after a heartbeat extended them (the worst case): its slots are free
+ * again within 10 s (about 10-15 s of test time).
  */
 import { afterAll, describe, expect, it } from "@effect/vitest"
 import { Effect, Exit, Layer, Schema, Scope } from "effect"
+import { Redis } from "ioredis"
+import * as ChildProcess from "node:child_process"
+import * as Path from "node:path"
 import { TestClock } from "effect/testing"
 import { ModelConfig, Provider, RoutingConfig } from "../../src/config/GatewayConfig.js"
 import { seeded } from "../../src/deployments/Balancer.js"
@@ -19,6 +24,7 @@ import { DEFAULT_LEASE_MS } from "../../src/quota/RedisLeases.js"
 import * as StoreRedis from "../../src/store/Redis.js"
 import { completeChat } from "../../src/upstream/Complete.js"
 import * as Upstreams from "../../src/upstream/Upstreams.js"
+import { eventually } from "../support/Eventually.js"
 import { providerFor, startFakeDeployment } from "../support/FakeDeployment.js"
 import { deleteByPrefix, uniquePrefix } from "../support/Redis.js"
 import { REDIS_URL, serviceGate } from "../support/Services.js"
@@ -218,4 +224,62 @@ describe.skipIf(!redisUp)("deployment caps in Redis", () => {
       for (let i = 0; i < 10; i++) yield* send(i)
       expect(gpu!.requests()).toBe(10)
     }).pipe(Effect.scoped))
+
+  it("real time: a SIGKILLed replica's slots are free again within 10 s", async () => {
+    const prefix = `${runPrefix}real:`
+    const SLOTS = 3
+    const key = "m/gpu"
+    const { slots } = CapsRedis.keysOf(prefix, key)
+    const client = new Redis(REDIS_URL)
+    const bScope = Effect.runSync(Scope.make())
+    const b = await Effect.runPromise(
+      Effect.gen(function*() {
+        const { client: bClient } = yield* StoreRedis.make({ url: REDIS_URL })
+        return yield* CapsRedis.make(bClient, prefix)
+      }).pipe(Scope.provide(bScope))
+    )
+    const expiries = () =>
+      client.zrange(slots, 0, -1, "WITHSCORES").then((flat) => flat.filter((_, i) => i % 2 === 1).map(Number))
+    /** Whether B can take every slot now (it gives them back at once). */
+    const bTakesAll = async () => {
+      const taken = await Effect.runPromise(takeN(b, key, SLOTS, { concurrency: SLOTS, rate_limit_rpm: null }))
+      for (const t of taken) if (t._tag === "Taken" && t.slot !== null) b.release(key, t.slot)
+      await client.ping()
+      return taken.every((t) => t._tag === "Taken")
+    }
+    const child = ChildProcess.spawn(
+      process.execPath,
+      ["--import", "tsx", Path.resolve("test/deployments/support/slot-holder.ts")],
+      {
+        env: { ...process.env, REDIS_URL, PREFIX: prefix, KEY: key, CONCURRENCY: String(SLOTS), COUNT: String(SLOTS) },
+        stdio: ["ignore", "pipe", "pipe"]
+      }
+    )
+    let stdout = ""
+    let stderr = ""
+    child.stdout.on("data", (d: Buffer) => (stdout += d.toString()))
+    child.stderr.on("data", (d: Buffer) => (stderr += d.toString()))
+    try {
+      await eventually(() => stdout.includes("held") || child.exitCode !== null, { timeoutMs: 30_000, what: "the holder's slots" })
+      expect(stdout, stderr).toContain(`held ${SLOTS}`)
+      // Wait for one heartbeat to extend the slots, then kill at once: the latest expiry there can be.
+      const first = Math.max(...await expiries())
+      await eventually(async () => Math.max(...await expiries()) > first, {
+        timeoutMs: DEFAULT_LEASE_MS,
+        everyMs: 10,
+        what: "a heartbeat extending the holder's slots"
+      })
+      child.kill("SIGKILL")
+      const killedAt = Date.now()
+      expect(await expiries()).toHaveLength(SLOTS)
+      expect(await bTakesAll()).toBe(false)
+      // Redis time is real time: bounded polling, every 100 ms.
+      await eventually(bTakesAll, { timeoutMs: 12_000, everyMs: 100, what: "the dead replica's slots" })
+      expect(Date.now() - killedAt).toBeLessThanOrEqual(10_000)
+    } finally {
+      child.kill("SIGKILL")
+      client.disconnect()
+      await Effect.runPromise(Scope.close(bScope, Exit.void))
+    }
+  }, 60_000)
 })
