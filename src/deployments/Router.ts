@@ -13,8 +13,21 @@
  * - a model with one deployment always tries it: with nothing to fail over to, health does not keep it out.
  *
  * The request's admission (quota, RPM, the model's in-flight cap) happens once, before; attempts share its ticket,
- * so failover neither charges twice nor takes a second slot. Per-deployment `concurrency` and `rate_limit_rpm` are
- * counted per replica.
+ * so failover neither charges twice nor takes a second slot of the model.
+ *
+ * Per-deployment `concurrency` (attempts in flight) and `rate_limit_rpm` (attempts started per minute) are checked
+ * per attempt; a deployment at a cap is skipped like an unhealthy one (not an attempt: the balancer moves on; with
+ * none left the answer is 503 `service_unavailable`, or the last failure).
+ * - Production (`caps`, `CapsRedis.ts`): counted for the whole fleet. An attempt on a deployment with a cap takes a
+ *   slot and a start in Redis (one script call) before it starts; a deployment without one costs no Redis call.
+ *   This replica's own in-flight count and a minute the fleet reported full (until it has room, for the same cap)
+ *   rule deployments out without asking. The slot goes back once, when the attempt ends (answer, failure, failover,
+ *   abort, interruption, a stream's end or cut); a dead replica's slots lapse within 9 s.
+ * - Embedded (no `caps`): counted in this process (the minute is the clock's minute).
+ * The balancer weighs this replica's own in-flight counts in both modes.
+ *
+ * The `routing` settings are read at each request and outcome (`LiveRouting.ts`: they reload live); circuits keep
+ * their state across a change.
  */
 import { Clock, Context, Effect, Layer } from "effect"
 import {
@@ -155,7 +168,7 @@ export const makeRouter = (options: RouterOptions) =>
       return out
     }
 
-    /** Counts an attempt on `choice` here; true when it took the half-open trial. */
+    /** Counts an attempt on `choice` here; with shared caps, true when it took the half-open trial. */
     const begin = (choice: Choice, now: number): boolean => {
       const minute = Math.floor(now / 60_000)
       const load = choice.load
@@ -165,7 +178,7 @@ export const makeRouter = (options: RouterOptions) =>
       }
       load.sent += 1
       load.inFlight += 1
-      const trial = book.availability(choice.key, now) === "trial"
+      const trial = shared !== undefined && book.availability(choice.key, now) === "trial"
       book.begin(choice.key, now)
       return trial
     }

@@ -272,4 +272,39 @@ describe("deployment router with fleet-wide caps", () => {
       for (let i = 0; i < 20; i++) expect((yield* send(model)).ok).toBe(true)
       expect(a!.requests()).toBeGreaterThan(seen)
     }).pipe(Effect.scoped))
+
+  it.effect("a half-open deployment refused by the fleet keeps its trial for a later request", () =>
+    Effect.gen(function*() {
+      const [a, b] = yield* fakes(["a", "b"])
+      let full = false
+      const fleet = countingCaps((key) => (key === "m/a" && full ? { _tag: "Full" } : null))
+      const { send, deployments } = yield* setup(
+        [a!, b!],
+        fleet.caps,
+        Schema.decodeUnknownSync(RoutingConfig)({ health: { consecutive_failures: 1, open_seconds: 10 } })
+      )
+      const model = Schema.decodeUnknownSync(ModelConfig)({
+        ...modelOf([a!, b!]),
+        deployments: [
+          { provider: "a", model: "a-model", concurrency: 4 },
+          { provider: "b", model: "b-model", priority: 1 }
+        ]
+      })
+      const stateOfA = Effect.map(deployments.status([model]), (all) => all.find((d) => d.deployment === "a")!.state)
+      a!.mode = { _tag: "status", status: 500 }
+      expect(yield* send(model)).toMatchObject({ ok: true, attempts: ["a", "b"] })
+      expect(yield* stateOfA).toBe("open")
+      yield* TestClock.adjust("10 seconds")
+      expect(yield* stateOfA).toBe("half_open")
+
+      // The fleet has no slot: the trial is not spent on the skip.
+      full = true
+      expect(yield* send(model)).toMatchObject({ ok: true, attempts: ["b"] })
+      // A slot again: the next request is the trial, which closes the circuit.
+      full = false
+      a!.mode = { _tag: "ok" }
+      expect(yield* send(model)).toMatchObject({ ok: true, attempts: ["a"] })
+      expect(yield* stateOfA).toBe("closed")
+      expect(fleet.held()).toBe(0)
+    }).pipe(Effect.scoped))
 })
