@@ -413,21 +413,21 @@ export class Exchange implements RowSource, ExchangeView, AnswerMeter, Admitter 
       const usage = this.chargeable()
       const delivered = completion.status === "success" || this.#deliveredChars > 0 || this.#usage !== null
       const ticket = this.#ticket
-      const settle: Effect.Effect<Settled> = ticket === null
+      const settleUsage = usage.cached_tokens > 0
+        ? { inputTokens: usage.prompt_tokens, cachedInputTokens: usage.cached_tokens, outputTokens: usage.completion_tokens }
+        : { inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens }
+      // Settled on the spot when the backend can (in-process admission, account idle): the row is recorded in
+      // this same step and only the scope's close remains.
+      const now = delivered && ticket !== null && ticket.settleNow !== undefined && !this.telemetry.tracing
+        ? this.#settleNow(ticket.settleNow, settleUsage)
+        : undefined
+      const settle: Effect.Effect<Settled> = now !== undefined
+        ? now
+        : ticket === null
         ? Effect.succeed(null)
         : this.#timed(
           delivered ? "settle" : "refund",
-          delivered
-            ? ticket.settle(
-              usage.cached_tokens > 0
-                ? {
-                  inputTokens: usage.prompt_tokens,
-                  cachedInputTokens: usage.cached_tokens,
-                  outputTokens: usage.completion_tokens
-                }
-                : { inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens }
-            )
-            : Effect.as(ticket.refund, null)
+          delivered ? ticket.settle(settleUsage) : Effect.as(ticket.refund, null)
         )
       const error = completion.status === "failed" ? completion.error : undefined
       // The row's `error` is shown to the account (`recentRequests`): a server-side failure records its code and
@@ -436,19 +436,36 @@ export class Exchange implements RowSource, ExchangeView, AnswerMeter, Admitter 
       // (the answer never says whether a name resolved, nor to what).
       const detailIsPrivate = error !== undefined && error.detail !== undefined &&
         (error.status >= 500 || isUpstreamFailure(error) || error.code === "address_not_allowed")
-      return (detailIsPrivate ? Effect.logWarning("request failed", error.detail) : Effect.void).pipe(
-        Effect.andThen(settle),
-        Effect.map((settled) => {
-          this.#endedAt = performance.now()
-          this.#counted = delivered ? usage : null
-          this.#weighted = settled?.weighted ?? 0
-          this.log.record(requestRow(this, completion, detailIsPrivate))
-          if (this.telemetry.enabled) this.#report(completion, settled)
-          return settled
-        }),
-        Effect.ensuring(Scope.close(this.scope, Exit.void))
+      const record = (settled: Settled): Settled => {
+        this.#endedAt = performance.now()
+        this.#counted = delivered ? usage : null
+        this.#weighted = settled?.weighted ?? 0
+        this.log.record(requestRow(this, completion, detailIsPrivate))
+        if (this.telemetry.enabled) this.#report(completion, settled)
+        return settled
+      }
+      const close = Scope.close(this.scope, Exit.void)
+      if (!detailIsPrivate && Exit.isExit(settle)) {
+        const exit = settle as Exit.Exit<Settled>
+        if (Exit.isSuccess(exit)) return Effect.as(close, record(exit.value))
+      }
+      return (detailIsPrivate ? Effect.andThen(Effect.logWarning("request failed", error.detail), settle) : settle).pipe(
+        Effect.map(record),
+        Effect.ensuring(close)
       )
     })
+  }
+
+  /** `settleNow`, timed for the quota-store metric when it completed on the spot; otherwise as `#timed`. */
+  #settleNow(
+    settleNow: NonNullable<Ticket["settleNow"]>,
+    usage: Parameters<NonNullable<Ticket["settleNow"]>>[0]
+  ): Effect.Effect<Settled> {
+    const started = this.telemetry.enabled ? performance.now() : 0
+    const settled = settleNow(usage)
+    if (!Exit.isExit(settled)) return this.#timed("settle", settled)
+    if (this.telemetry.enabled) this.telemetry.storeTrip("settle", performance.now() - started)
+    return settled
   }
 
   /** Settle or refund, timed for the quota-store metric and traced. */
