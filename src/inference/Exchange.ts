@@ -543,13 +543,15 @@ export const finishing = <R>(
   render: Renderer = renderInference
 ) =>
   run.pipe(
-    Effect.tapCause((cause) => {
-      const error = failureOf(cause)
-      return error ? exchange.fail(error) : Effect.void
+    // Two steps on every request (the completion of a failure, then the answer to an error), not four.
+    Effect.onExit((exit) => {
+      if (exit._tag === "Success") return Effect.void
+      const error = failureOf(exit.cause)
+      return error ? exchange.fail(error) : Cause.hasInterrupts(exit.cause) ? exchange.cancel() : Effect.void
     }),
-    Effect.onInterrupt(() => exchange.cancel()),
-    Effect.tapError((error) => recordFailure(exchange.caller, error)),
-    Effect.catch((error) => Effect.succeed(renderWithRow(render, error, exchange.rowId)))
+    Effect.catch((error) =>
+      Effect.as(recordFailure(exchange.caller, error), renderWithRow(render, error, exchange.rowId))
+    )
   )
 
 export interface ExchangeRouteOptions<RA = never> {
