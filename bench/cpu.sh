@@ -3,7 +3,7 @@
 # shared bench's mock upstream, embedded mode, no profiler. Same setup as bench/profile.sh.
 #   bench/cpu.sh [chat|stream] [seconds] [connections] [repetitions]
 # Prints one line per repetition: requests, requests/s, CPU µs/req. DEPLOYMENTS=3 routes over 3 deployments.
-# PIN=1 pins as the shared bench does. THREADS=1 adds each thread's share of the CPU. NOBUILD=1 skips `npm run build`; NODE_FLAGS adds flags to the gateway (e.g. --heap-prof); the heap bound is the shared bench's. DISTS="dist dist-base" runs one gateway per build folder (each on its own copy
+# PIN=1 pins as the shared bench does. THREADS=1 adds each thread's share of the CPU and its CPU µs per request. NOBUILD=1 skips `npm run build`; NODE_FLAGS adds flags to the gateway (e.g. --heap-prof); the heap bound is the shared bench's. DISTS="dist dist-base" runs one gateway per build folder (each on its own copy
 # of the same data folder) and alternates them within every repetition: an A/B under the same foreign load.
 # FLAGS0, FLAGS1, ... add node flags to the first, second, ... gateway only (an A/B of flags: DISTS="dist dist").
 set -euo pipefail
@@ -59,8 +59,10 @@ for rep in $(seq "$REPS"); do
       const errs = Object.entries(r.errors).filter(([, v]) => v > 0).map(([k, v]) => k + " " + v).join(" + ") || 0
       console.log(`${process.argv[5]} ${process.argv[6]} rep ${process.argv[7]}: ${r.requests} req, ${(r.requests / r.duration_us * 1e6).toFixed(0)} rps, ${(cpuUs / r.requests).toFixed(0)} µs CPU/req, errors ${errs}, p50/p99/max ${(r.lat_us.p50 / 1000).toFixed(0)}/${(r.lat_us.p99 / 1000).toFixed(0)}/${(r.lat_us.max / 1000).toFixed(0)} ms`)' \
       "$res" "$t0" "$t1" "$HZ" "${DIRS[$i]}" "$SCENARIO c=$CONNS" "$rep"
-    [[ ${THREADS:-0} == 1 ]] && join <(echo "$threads0") <(thread_ticks "$pid") | awk -v total=$((t1 - t0)) '
-      { d = $3 - $2; if (d > 0) { split($1, parts, ":"); by[parts[1]] += d } } END { for (k in by) printf "  %-16s %5.1f %%\n", k, 100 * by[k] / total }' | sort -k2 -nr
+    reqs=$(node -p 'JSON.parse(process.argv[1]).requests' "$res")
+    [[ ${THREADS:-0} == 1 ]] && join <(echo "$threads0") <(thread_ticks "$pid") | awk -v total=$((t1 - t0)) -v hz="$HZ" -v reqs="$reqs" '
+      { d = $3 - $2; if (d > 0) { split($1, parts, ":"); by[parts[1]] += d } }
+      END { for (k in by) printf "  %-16s %5.1f %%  %6.1f µs/req\n", k, 100 * by[k] / total, by[k] / hz * 1e6 / reqs }' | sort -k2 -nr
   done
 done
 for i in "${!DIRS[@]}"; do

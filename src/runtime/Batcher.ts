@@ -4,7 +4,7 @@
  *
  * - Nothing runs while nothing is pending: the first change `signal`s, the loop waits `interval` (so a burst becomes
  *   one batch), then flushes.
- * - A flush takes batches (`take`) and writes them one after the other until nothing is pending. Flushes run one
+ * - A flush takes batches (`take`) and writes them one after the other until `take` has none. Flushes run one
  *   at a time, so `flush` returns once everything pending when it was called has been written (or has failed).
  * - A failed write (or one interrupted) gives its batch back (`failed`), logs one warning, and is retried
  *   `interval` later; `flush` itself never fails.
@@ -12,6 +12,9 @@
  *
  * `queue` is the common case on top: items appended in order, written `batchSize` at a time, bounded while the
  * store is away (the oldest dropped past `maxPending`), with items the store refuses for good dropped, not retried.
+ * The loop's own flush of a queue writes the items pending when it began; items added while it writes wait for
+ * the next one, an interval later, so a steady stream becomes one write per interval rather than a full batch
+ * followed by small ones. `flush` and the last flush write until nothing is pending.
  */
 import { type Duration, Effect, Queue, Semaphore } from "effect"
 
@@ -31,6 +34,11 @@ export interface BatcherOptions {
   readonly interval: Duration.Input
   /** The next batch, or undefined when nothing is pending. */
   readonly take: () => Taken | undefined
+  /**
+   * Called as a flush begins, before its first `take`: `interval` for the loop's own flush, `all` for `flush` and
+   * the last flush.
+   */
+  readonly begin?: (flush: "interval" | "all") => void
   /** How many items are pending, for the shutdown log; absent: not reported. */
   readonly pending?: () => number
 }
@@ -75,7 +83,12 @@ export const make = (options: BatcherOptions) =>
         })
       )
     })
-    const flush = lock.withPermit(drain)
+    const flushAs = (kind: "interval" | "all") =>
+      lock.withPermit(Effect.suspend(() => {
+        options.begin?.(kind)
+        return drain
+      }))
+    const flush = flushAs("all")
 
     yield* Effect.addFinalizer(() =>
       flush.pipe(Effect.andThen(Effect.suspend(() => {
@@ -85,7 +98,7 @@ export const make = (options: BatcherOptions) =>
     )
     yield* Queue.take(wake).pipe(
       Effect.andThen(Effect.sleep(options.interval)),
-      Effect.andThen(flush),
+      Effect.andThen(flushAs("interval")),
       Effect.forever,
       Effect.forkScoped
     )
@@ -122,13 +135,24 @@ export const queue = <A>(options: QueueOptions<A>) =>
   Effect.gen(function*() {
     let buffer: Array<A> = []
     let dropped = 0
-    const batcher = yield* make({
+    /** Items the flush under way may still take: those pending when the loop's flush began, or all. */
+    let flushable = 0
+    const batcher: Batcher = yield* make({
       label: options.label,
       interval: options.interval,
       pending: () => buffer.length,
+      begin: (kind) => {
+        flushable = kind === "all" ? Number.POSITIVE_INFINITY : buffer.length
+      },
       take: () => {
         if (buffer.length === 0) return undefined
-        const batch = buffer.splice(0, options.batchSize)
+        if (flushable === 0) {
+          // Items added while the loop's flush wrote: its next flush, an interval from now, takes them.
+          batcher.signal()
+          return undefined
+        }
+        const batch = buffer.splice(0, Math.min(options.batchSize, flushable))
+        flushable -= batch.length
         const refused = new Set<A>()
         return {
           write: options.write(batch, (item) => {

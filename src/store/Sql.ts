@@ -31,7 +31,19 @@ export const migrations = Migrator.fromRecord({
 
 export const runMigrations = Migrator.make({})({ loader: migrations, table: "wellspring_migrations" })
 
-const EMBEDDED_POSTGRES_CONF = ["shared_buffers=16MB", "work_mem=4MB", "maintenance_work_mem=16MB", "wal_buffers=1MB"]
+/**
+ * `plan_cache_mode`: PGlite runs no autovacuum, so no ANALYZE ever invalidates a cached plan. sql-pg prepares
+ * every statement, and after five executions PostgreSQL may keep a generic plan chosen while the tables were
+ * nearly empty: the status page's idle probe then read every request row of the last day through the time index
+ * instead of one step down the model index (docs/decisions.md, "Embedded statements planned with their values").
+ */
+const EMBEDDED_POSTGRES_CONF = [
+  "shared_buffers=16MB",
+  "work_mem=4MB",
+  "maintenance_work_mem=16MB",
+  "wal_buffers=1MB",
+  "plan_cache_mode=force_custom_plan"
+]
 
 /**
  * `int8` and `numeric` come back as JS numbers; our counters stay far below 2^53. sql-pg reads results in binary

@@ -331,7 +331,8 @@ export const leaderboardTotals = (sql: SqlClient.SqlClient, dayStart: Date): Eff
 
 // ---------------------------------------------------------------------------------------------
 // The public status resources (status/Status.ts). Each runs in the background refresh, never per request.
-// Platform-wide time windows read the (created_at) index, per-model ones the (model_id, created_at) index.
+// Platform-wide time windows read the (created_at) index, per-model ones the (model_id, created_at) index, the
+// active accounts the (account_id, created_at) index.
 
 /**
  * A failure the model is to blame for: a 5xx of the model or the gateway. Refusals of the caller's own making
@@ -407,16 +408,18 @@ export const fleetRows = (
       FROM request_log WHERE ${scope} AND created_at > ${since}
       GROUP BY model_id`
 
+    // The newest `recent` counted rows of each model: a few steps down the (model_id, created_at) index per model,
+    // where numbering every row of the window (a window function) sorted the whole window on every refresh.
     const recent = yield* sql<FleetRecentRow>`
-      SELECT model_id, count(*)::int AS attempts, count(*) FILTER (WHERE failed)::int AS failures
-      FROM (
-        SELECT model_id, (${failure}) AS failed,
-          row_number() OVER (PARTITION BY model_id ORDER BY created_at DESC, id DESC) AS n
-        FROM request_log
-        WHERE ${scope} AND created_at > ${windowSince} AND (status = 'success' OR (${failure}))
-      ) counted
-      WHERE n <= ${input.recent}::int
-      GROUP BY model_id`
+      SELECT m.model_id, count(*)::int AS attempts, count(*) FILTER (WHERE newest.failed)::int AS failures
+      FROM (SELECT DISTINCT unnest(${input.models}::text[]) AS model_id) m
+      CROSS JOIN LATERAL (
+        SELECT (${failure}) AS failed FROM request_log
+        WHERE model_id = m.model_id AND NOT byok AND created_at <= ${now} AND created_at > ${windowSince}
+          AND (status = 'success' OR (${failure}))
+        ORDER BY created_at DESC, id DESC LIMIT ${input.recent}::int
+      ) newest
+      GROUP BY m.model_id`
 
     const buckets = yield* sql<FleetBucketRow>`
       SELECT model_id,
@@ -463,9 +466,24 @@ export interface ServerRow {
 export const serverRow = (sql: SqlClient.SqlClient, activeSince: Date, now: Date): Effect.Effect<ServerRow> =>
   Effect.gen(function*() {
     const tenMinutesAgo = new Date(now.getTime() - SPARK_BUCKET_MS)
+    // Every account that ever sent a request, one step along the (account_id, created_at) index each, and one
+    // probe of the same index for a row in the period: the work follows the number of accounts, where a count of
+    // distinct accounts over the period's rows read every row of the last `active_users_hours` on every refresh.
+    // The probe is a LATERAL with LIMIT so that the planner keeps it a probe (an EXISTS became a join over the
+    // period's rows).
     const [users] = yield* sql<{ users: number }>`
-      SELECT count(DISTINCT account_id)::int AS users FROM request_log
-      WHERE created_at >= ${activeSince} AND created_at <= ${now}`
+      WITH RECURSIVE seen(account_id) AS (
+        (SELECT account_id FROM request_log ORDER BY account_id LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.account_id FROM request_log r WHERE r.account_id > seen.account_id ORDER BY r.account_id LIMIT 1)
+        FROM seen WHERE seen.account_id IS NOT NULL
+      )
+      SELECT count(*)::int AS users FROM seen
+      CROSS JOIN LATERAL (
+        SELECT 1 FROM request_log r
+        WHERE r.account_id = seen.account_id AND r.created_at >= ${activeSince} AND r.created_at <= ${now} LIMIT 1
+      ) active
+      WHERE seen.account_id IS NOT NULL`
     const [output] = yield* sql<{ output_tokens: number }>`
       SELECT coalesce(sum(output_tokens), 0)::bigint AS output_tokens FROM request_log
       WHERE created_at > ${tenMinutesAgo} AND created_at <= ${now}`

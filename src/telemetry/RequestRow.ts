@@ -38,6 +38,37 @@ export interface RequestRow {
   readonly attempts: number
 }
 
+/** Each column's PostgreSQL type (store/migrations/0001_init.ts, 0006_request_routing.ts), in insert order. */
+export const REQUEST_ROW_TYPES = {
+  id: "int8",
+  request_id: "text",
+  account_id: "text",
+  key_id: "int8",
+  model_id: "text",
+  status: "text",
+  error_code: "text",
+  http_status: "int4",
+  stream: "bool",
+  input_tokens: "int4",
+  output_tokens: "int4",
+  reasoning_tokens: "int4",
+  prompt_cached_tokens: "int4",
+  weighted_cost: "float8",
+  ttfb_ms: "int4",
+  duration_ms: "int4",
+  tps: "float8",
+  had_tools: "bool",
+  tool_choice: "text",
+  byok: "bool",
+  provider: "text",
+  fell_back: "bool",
+  error: "text",
+  created_at: "timestamptz",
+  api: "text",
+  deployment: "text",
+  attempts: "int4"
+} as const satisfies { readonly [K in keyof RequestRow]-?: "int8" | "int4" | "float8" | "bool" | "text" | "timestamptz" }
+
 /** Longest text stored per column (characters); longer values are cut. */
 export const TEXT_LIMITS = {
   request_id: 64,

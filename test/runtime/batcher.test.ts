@@ -2,11 +2,12 @@
  * The one batched writer (runtime/Batcher.ts), queue form, on the TestClock with a recording store: a batch is
  * written one interval after the first item, `batchSize` at a time and in order; a failed write keeps its items
  * (in order, ahead of newer ones) and is retried an interval later without a new item; items the store refuses
- * are dropped, counted and not retried; past `maxPending` the oldest go; closing the scope writes what is left.
+ * are dropped, counted and not retried; past `maxPending` the oldest go; items added while the interval's flush
+ * writes wait for the next interval, while `flush` writes them too; closing the scope writes what is left.
  * The users (request rows, key stamps, quota write-behind) are tested against real databases in their own files.
  */
 import { describe, expect, it } from "@effect/vitest"
-import { Effect, Exit, Scope } from "effect"
+import { Effect, Exit, Fiber, Scope } from "effect"
 import { TestClock } from "effect/testing"
 import * as Batcher from "../../src/runtime/Batcher.js"
 
@@ -88,6 +89,39 @@ describe("batched writer (queue)", () => {
       store.state.down = false
       yield* q.flush
       expect(store.batches.at(-1)).toEqual(["3", "4", "5"])
+      yield* Scope.close(scope, Exit.void)
+    }))
+
+  it.effect("items added while the interval's flush writes wait for the next interval; flush writes them all", () =>
+    Effect.gen(function*() {
+      const batches: Array<ReadonlyArray<string>> = []
+      // Each write takes 100 ms, during which the test adds items.
+      const write = (batch: ReadonlyArray<string>) =>
+        Effect.sleep("100 millis").pipe(Effect.andThen(Effect.sync(() => batches.push(batch))))
+      const scope = yield* Scope.make()
+      const q = yield* Batcher.queue({ label: "test", interval: "1 second", batchSize: 2, maxPending: 100, write })
+        .pipe(Scope.provide(scope))
+      for (const item of ["a", "b", "c"]) q.add(item)
+      yield* TestClock.adjust("1 second") // the interval's flush begins with a, b, c pending
+      q.add("d")
+      yield* TestClock.adjust("100 millis")
+      q.add("e")
+      yield* TestClock.adjust("100 millis")
+      // Two writes for what was pending at its start; d and e are left to the next interval.
+      expect(batches).toEqual([["a", "b"], ["c"]])
+      expect(q.pending()).toBe(2)
+      yield* TestClock.adjust("1 minute")
+      expect(batches).toEqual([["a", "b"], ["c"], ["d", "e"]])
+
+      // `flush` (tests, shutdown) writes until nothing is pending, items added while it writes included.
+      q.add("f")
+      const flushing = yield* Effect.forkChild(q.flush)
+      yield* TestClock.adjust("50 millis")
+      q.add("g")
+      yield* TestClock.adjust("200 millis")
+      yield* Fiber.join(flushing)
+      expect(batches.slice(3)).toEqual([["f"], ["g"]])
+      expect(q.pending()).toBe(0)
       yield* Scope.close(scope, Exit.void)
     }))
 

@@ -1,0 +1,46 @@
+/**
+ * PGlite runs no autovacuum, so nothing re-plans a cached statement as `request_log` grows: the embedded database
+ * plans every execution with its values (`plan_cache_mode`, store/Sql.ts). The status page's idle probe, run many
+ * times while the table was empty, must still take the model index once the table holds thousands of rows.
+ */
+import { Effect, ManagedRuntime } from "effect"
+import { SqlClient } from "effect/sql"
+import { describe, expect, it } from "vitest"
+import { fleetRows } from "../../src/telemetry/RequestQueries.js"
+import { backends } from "./backends.js"
+
+describe("embedded statements are planned with their values", () => {
+  it("the idle probe, prepared while the table was empty, uses the model index on a full table", async () => {
+    const opened = await backends(false)[0]!.open()
+    const runtime = ManagedRuntime.make(opened.layer)
+    try {
+      const plan = await runtime.runPromise(Effect.gen(function*() {
+        const sql = yield* SqlClient.SqlClient
+        const now = Date.now()
+        const probe = (at: number) =>
+          fleetRows(sql, { models: ["ws-idle-a", "ws-idle-b"], now: at, windowMs: 15 * 60_000, recent: 10, idleMs: 86_400_000 })
+        // Two probes per refresh, eight refreshes on an empty table: past the five custom plans after which
+        // PostgreSQL may cache a generic one.
+        for (let i = 0; i < 8; i++) yield* probe(now)
+        yield* sql`INSERT INTO request_log (id, request_id, account_id, model_id, status, http_status, created_at)
+          SELECT g, 'r' || g, 'acc', 'ws-busy', 'success', 200, ${new Date(now)}::timestamptz - g * interval '1 second'
+          FROM generate_series(1, 30000) g`
+        const seen = yield* probe(now)
+        expect(seen.seen).toEqual([])
+        const [statement] = yield* sql<{ name: string; generic_plans: number; custom_plans: number }>`
+          SELECT name, generic_plans::int, custom_plans::int FROM pg_prepared_statements
+          WHERE statement LIKE '%SELECT 1 AS one FROM request_log%' AND statement NOT LIKE '%pg_prepared_statements%'`
+        expect(statement).toMatchObject({ generic_plans: 0 })
+        expect(statement!.custom_plans).toBeGreaterThanOrEqual(18)
+        const day = new Date(now - 86_400_000).toISOString()
+        return yield* sql<{ "QUERY PLAN": string }>`${
+          sql.literal(`EXPLAIN EXECUTE ${statement!.name}('ws-idle-a', '${day}', '${new Date(now).toISOString()}')`)
+        }`
+      }).pipe(Effect.orDie))
+      expect(plan.map((row) => row["QUERY PLAN"]).join("\n")).toContain("request_log_model_time")
+    } finally {
+      await runtime.dispose()
+      await opened.close()
+    }
+  })
+})
