@@ -4,17 +4,19 @@
  *
  * - Nothing runs while nothing is pending: the first change `signal`s, the loop waits `interval` (so a burst becomes
  *   one batch), then flushes.
- * - A flush takes batches (`take`) and writes them one after the other until `take` has none. Flushes run one
- *   at a time, so `flush` returns once everything pending when it was called has been written (or has failed).
+ * - The loop's own flush writes what was pending when it began; changes made while it writes wait for the next
+ *   flush, an interval later (they `signal`). Without `begin` that is one `take` (a take of everything changed, as
+ *   the quota write-behind's); with it, the take bounds itself (`queue`). So a steady stream of changes is one write
+ *   per interval, not writes back to back.
+ * - `flush` takes batches and writes them one after the other until `take` has none. Flushes run one at a time,
+ *   so `flush` returns once everything pending when it was called has been written (or has failed).
  * - A failed write (or one interrupted) gives its batch back (`failed`), logs one warning, and is retried
  *   `interval` later; `flush` itself never fails.
  * - The scope's close runs a last flush, and logs what could not be written.
  *
  * `queue` is the common case on top: items appended in order, written `batchSize` at a time, bounded while the
  * store is away (the oldest dropped past `maxPending`), with items the store refuses for good dropped, not retried.
- * The loop's own flush of a queue writes the items pending when it began; items added while it writes wait for
- * the next one, an interval later, so a steady stream becomes one write per interval rather than a full batch
- * followed by small ones. `flush` and the last flush write until nothing is pending.
+ * The loop's own flush of a queue takes the items pending when it began, `batchSize` at a time.
  */
 import { type Duration, Effect, Queue, Semaphore } from "effect"
 
@@ -36,7 +38,8 @@ export interface BatcherOptions {
   readonly take: () => Taken | undefined
   /**
    * Called as a flush begins, before its first `take`: `interval` for the loop's own flush, `all` for `flush` and
-   * the last flush.
+   * the last flush. Given, the loop's flush takes until `take` has none (the take bounds itself); absent, it
+   * makes one take.
    */
   readonly begin?: (flush: "interval" | "all") => void
   /** How many items are pending, for the shutdown log; absent: not reported. */
@@ -62,8 +65,11 @@ export const make = (options: BatcherOptions) =>
       Queue.offerUnsafe(wake, undefined)
     }
 
-    /** Writes batches until nothing is pending; stops at the first failure (its batch is pending again). */
-    const drain: Effect.Effect<void> = Effect.suspend(() => {
+    /**
+     * Writes batches until `take` has none (one batch for the loop's flush without `begin`); stops at the first
+     * failure (its batch is pending again).
+     */
+    const drain = (kind: "interval" | "all"): Effect.Effect<void> => Effect.suspend(() => {
       const taken = options.take()
       if (taken === undefined) return Effect.void
       let settled = false
@@ -77,7 +83,11 @@ export const make = (options: BatcherOptions) =>
       return taken.write.pipe(
         Effect.onInterrupt(() => giveBack),
         Effect.matchCauseEffect({
-          onSuccess: () => Effect.andThen(Effect.sync(() => taken.written?.()), drain),
+          onSuccess: () =>
+            Effect.andThen(
+              Effect.sync(() => taken.written?.()),
+              kind === "all" || options.begin !== undefined ? drain(kind) : Effect.void
+            ),
           onFailure: (cause) =>
             Effect.andThen(giveBack, Effect.logWarning(`${options.label} not written; will retry`, cause))
         })
@@ -86,7 +96,7 @@ export const make = (options: BatcherOptions) =>
     const flushAs = (kind: "interval" | "all") =>
       lock.withPermit(Effect.suspend(() => {
         options.begin?.(kind)
-        return drain
+        return drain(kind)
       }))
     const flush = flushAs("all")
 

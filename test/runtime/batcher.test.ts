@@ -136,3 +136,46 @@ describe("batched writer (queue)", () => {
       expect(store.batches).toEqual([["last"]])
     }))
 })
+
+describe("batched writer (a take of everything changed)", () => {
+  it.effect("changes made while the interval's flush writes are written an interval later, not right after", () =>
+    Effect.gen(function*() {
+      // What the quota write-behind does: a take clears every mark, and each change signals.
+      const changed = new Set<string>()
+      const writes: Array<ReadonlyArray<string>> = []
+      const scope = yield* Scope.make()
+      const batcher: Batcher.Batcher = yield* Batcher.make({
+        label: "test",
+        interval: "1 second",
+        take: () => {
+          if (changed.size === 0) return undefined
+          const taken = [...changed]
+          changed.clear()
+          return { write: Effect.sleep("100 millis").pipe(Effect.andThen(Effect.sync(() => writes.push(taken)))) }
+        }
+      }).pipe(Scope.provide(scope))
+      const change = (key: string) => {
+        changed.add(key)
+        batcher.signal()
+      }
+      change("a")
+      yield* TestClock.adjust("1 second")
+      change("b") // while "a" is being written
+      yield* TestClock.adjust("100 millis")
+      change("c")
+      yield* TestClock.adjust("500 millis")
+      expect(writes).toEqual([["a"]])
+      yield* TestClock.adjust("1 second")
+      expect(writes).toEqual([["a"], ["b", "c"]])
+
+      // `flush` writes the changes made while it writes too.
+      change("d")
+      const flushing = yield* Effect.forkChild(batcher.flush)
+      yield* TestClock.adjust("50 millis")
+      change("e")
+      yield* TestClock.adjust("200 millis")
+      yield* Fiber.join(flushing)
+      expect(writes.slice(2)).toEqual([["d"], ["e"]])
+      yield* Scope.close(scope, Exit.void)
+    }))
+})
