@@ -1,5 +1,5 @@
 /**
- * Young-generation sizing under a heap bound.
+ * Young-generation sizing under a heap bound (and, in embedded mode, the WebAssembly tier and malloc arenas).
  *
  * Since V8 13 (Node 24), the young generation is sized from the machine's memory, not from
  * `--max-old-space-size`: on a 24 GB host each semi-space is 64 MB. Under `--max-old-space-size=160` the heap
@@ -49,15 +49,42 @@ export const boundedRestartArgs = (input: {
   return added.length === 0 ? null : [...input.execArgv, ...added]
 }
 
-/** Restarts the process in place with the flags of `boundedRestartArgs`, when it adds any. */
+/** glibc malloc arenas in embedded mode; measured in docs/decisions.md ("Embedded memory"). */
+export const MALLOC_ARENAS = 2
+
+/**
+ * The environment variables to restart with, or null when none is missing: `MALLOC_ARENA_MAX` in embedded mode
+ * unless the operator set it. glibc gives each thread that allocates its own arena (up to 8 per core) and keeps
+ * what they freed; the embedded database's worker, V8's compiler and GC threads and libuv's pool made several,
+ * ~15 MB of resident memory together. Null with the opt-out (`WELLSPRING_HEAP_TUNING=0`) or without `execve`.
+ */
+export const boundedRestartEnv = (input: {
+  readonly env: Readonly<Record<string, string | undefined>>
+  readonly optOut: string | undefined
+  readonly canExec: boolean
+  readonly embedded?: boolean
+}): Readonly<Record<string, string>> | null => {
+  if (!input.canExec || input.optOut === "0" || input.embedded !== true) return null
+  if (input.env["MALLOC_ARENA_MAX"] !== undefined) return null
+  return { MALLOC_ARENA_MAX: String(MALLOC_ARENAS) }
+}
+
+/** Restarts the process in place with the flags of `boundedRestartArgs` and the environment of `boundedRestartEnv`, when either adds any. */
 export const applyHeapBound = (): void => {
+  const canExec = typeof process.execve === "function" && process.platform !== "win32"
+  const optOut = process.env["WELLSPRING_HEAP_TUNING"]
+  const embedded = !process.env["DATABASE_URL"]
   const args = boundedRestartArgs({
     execArgv: process.execArgv,
     nodeOptions: process.env["NODE_OPTIONS"],
-    optOut: process.env["WELLSPRING_HEAP_TUNING"],
-    canExec: typeof process.execve === "function" && process.platform !== "win32",
-    embedded: !process.env["DATABASE_URL"]
+    optOut,
+    canExec,
+    embedded
   })
-  if (args === null) return
-  process.execve!(process.execPath, [process.execPath, ...args, ...process.argv.slice(1)], process.env)
+  const env = boundedRestartEnv({ env: process.env, optOut, canExec, embedded })
+  if (args === null && env === null) return
+  process.execve!(process.execPath, [process.execPath, ...(args ?? process.execArgv), ...process.argv.slice(1)], {
+    ...process.env,
+    ...env
+  })
 }

@@ -32,17 +32,23 @@ export const migrations = Migrator.fromRecord({
 export const runMigrations = Migrator.make({})({ loader: migrations, table: "wellspring_migrations" })
 
 /**
+ * 8 MB of shared buffers: the row inserts touch the right edges of the heap and its indexes, and reads of recent
+ * rows past the buffers come from the OS page cache; against 16 MB, 8 MB left the inserts' and the status refresh's
+ * CPU unchanged and 9 MB less WebAssembly memory resident (docs/decisions.md, "Embedded memory").
+ *
  * `plan_cache_mode`: PGlite runs no autovacuum, so no ANALYZE ever invalidates a cached plan. sql-pg prepares
  * every statement, and after five executions PostgreSQL may keep a generic plan chosen while the tables were
  * nearly empty: the status page's idle probe then read every request row of the last day through the time index
  * instead of one step down the model index (docs/decisions.md, "Embedded statements planned with their values").
  */
 const EMBEDDED_POSTGRES_CONF = [
-  "shared_buffers=16MB",
+  "shared_buffers=8MB",
   "work_mem=4MB",
   "maintenance_work_mem=16MB",
   "wal_buffers=1MB",
-  "plan_cache_mode=force_custom_plan"
+  "plan_cache_mode=force_custom_plan",
+  // PGlite is one backend in single-user mode; this only sizes shared memory (PGPROC, lock tables).
+  "max_connections=8"
 ]
 
 /**

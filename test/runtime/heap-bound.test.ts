@@ -3,7 +3,7 @@ import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import { describe, expect, it } from "vitest"
-import { boundedRestartArgs, SEMI_SPACE_MB } from "../../src/runtime/HeapBound.js"
+import { boundedRestartArgs, boundedRestartEnv, MALLOC_ARENAS, SEMI_SPACE_MB } from "../../src/runtime/HeapBound.js"
 
 const base = { nodeOptions: undefined, optOut: undefined, canExec: true }
 
@@ -31,6 +31,41 @@ describe("heap bound: young generation capped under --max-old-space-size", () =>
     expect(boundedRestartArgs({ ...base, execArgv: ["--no-liftoff-only"], embedded: true })).toBeNull()
     expect(boundedRestartArgs({ ...base, execArgv: [], nodeOptions: "--liftoff-only", embedded: true })).toBeNull()
     expect(boundedRestartArgs({ ...base, execArgv: [], embedded: true, optOut: "0" })).toBeNull()
+  })
+
+  it("embedded mode caps glibc's malloc arenas unless the operator set them; production does not", () => {
+    const env = (vars: Record<string, string>, embedded: boolean, more: { optOut?: string; canExec?: boolean } = {}) =>
+      boundedRestartEnv({ ...base, ...more, env: vars, embedded })
+    expect(env({}, true)).toEqual({ MALLOC_ARENA_MAX: String(MALLOC_ARENAS) })
+    expect(env({ MALLOC_ARENA_MAX: "8" }, true)).toBeNull()
+    expect(env({}, false)).toBeNull()
+    expect(env({}, true, { optOut: "0" })).toBeNull()
+    expect(env({}, true, { canExec: false })).toBeNull()
+  })
+
+  it("an embedded process restarts once in place (same PID) with the arena cap, its flags kept", () => {
+    const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "heap-bound-"))
+    const script = Path.join(dir, "probe.mjs")
+    const module = new URL("../../src/runtime/HeapBound.ts", import.meta.url).href
+    Fs.writeFileSync(script, `
+      const { applyHeapBound } = await import(${JSON.stringify(module)})
+      console.log(JSON.stringify({ pid: process.pid, arenas: process.env.MALLOC_ARENA_MAX ?? null,
+        args: process.execArgv.filter((a) => a.startsWith("--liftoff")) }))
+      applyHeapBound()
+    `)
+    try {
+      const env: Record<string, string | undefined> = { ...process.env, WELLSPRING_HEAP_TUNING: "" }
+      delete env["DATABASE_URL"]
+      delete env["MALLOC_ARENA_MAX"]
+      // --liftoff-only given: only the environment is missing, and one restart adds it.
+      const run = spawnSync(process.execPath, ["--liftoff-only", "--import", "tsx", script], { encoding: "utf8", env })
+      expect(run.status).toBe(0)
+      const lines = run.stdout.trim().split("\n").map((l) => JSON.parse(l) as { pid: number; arenas: string | null; args: string[] })
+      expect(lines.map((l) => l.arenas)).toEqual([null, String(MALLOC_ARENAS)])
+      expect(lines.every((l) => l.pid === lines[0]!.pid && l.args.join() === "--liftoff-only")).toBe(true)
+    } finally {
+      Fs.rmSync(dir, { recursive: true, force: true })
+    }
   })
 
   it("a bounded process restarts itself in place (same PID) with a heap limit close to its bound", () => {
