@@ -5,6 +5,7 @@
 # Prints one line per repetition: requests, requests/s, CPU µs/req. DEPLOYMENTS=3 routes over 3 deployments.
 # PIN=1 pins as the shared bench does. THREADS=1 adds each thread's share of the CPU and its CPU µs per request. NOBUILD=1 skips `npm run build`; NODE_FLAGS adds flags to the gateway (e.g. --heap-prof); the heap bound is the shared bench's. DISTS="dist dist-base" runs one gateway per build folder (each on its own copy
 # of the same data folder) and alternates them within every repetition: an A/B under the same foreign load.
+# FLAGS0, FLAGS1, ... add node flags to the first, second, ... gateway only (an A/B of flags: DISTS="dist dist").
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BENCH=$(cd "$ROOT/../shared/bench" && pwd)
@@ -20,7 +21,7 @@ NODE=node; [[ -x $ROOT/node_modules/.bin/node ]] && NODE=$ROOT/node_modules/.bin
 source "$ROOT/bench/setup.sh"
 PORT=$MOCK_PORT "$NODE" "$BENCH/mock-upstream.mjs" >"$OUT/mock.log" 2>&1 &
 PIDS=($!)
-trap 'kill -INT "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; mkdir -p /tmp/wellspring-cpu-logs; cp "$OUT"/*.log /tmp/wellspring-cpu-logs/ 2>/dev/null; rm -rf "$OUT"' EXIT
+trap 'kill -INT "${PIDS[@]}" 2>/dev/null || true; wait "${PIDS[@]}" 2>/dev/null || true; [[ ${KEEP:-0} == 1 ]] && rm -rf /tmp/wellspring-cpu-data && cp -r "$OUT/data0" /tmp/wellspring-cpu-data; mkdir -p /tmp/wellspring-cpu-logs; cp "$OUT"/*.log /tmp/wellspring-cpu-logs/ 2>/dev/null; rm -rf "$OUT"' EXIT
 # PIN=1: the gateways on core 1 and wrk on core 0, as ../shared/bench runs them (wrk's timeout 5 s, as there)
 PIN_GATEWAY=; PIN_WRK=; WRK_TIMEOUT=2s
 [[ ${PIN:-0} == 1 ]] && { PIN_GATEWAY="taskset -c 1"; PIN_WRK="taskset -c 0"; WRK_TIMEOUT=5s; }
@@ -29,7 +30,7 @@ GWS=()
 for i in "${!DIRS[@]}"; do
   cp -r "$OUT/data" "$OUT/data$i"
   WELLSPRING_CONFIG=$OUT/gateway.yaml WELLSPRING_DATA_DIR=$OUT/data$i WELLSPRING_PORT=$((GW_PORT + 2 * i)) \
-    $PIN_GATEWAY "$NODE" --max-old-space-size=160 ${NODE_FLAGS:-} "$ROOT/${DIRS[$i]}/main.js" >"$OUT/gateway$i.log" 2>&1 &
+    $PIN_GATEWAY "$NODE" --max-old-space-size=160 ${NODE_FLAGS:-} $(eval echo "\${FLAGS$i:-}") "$ROOT/${DIRS[$i]}/main.js" >"$OUT/gateway$i.log" 2>&1 &
   PIDS+=($!); GWS+=($!)
 done
 BODY=$BENCH/bodies/chat.json; [[ $SCENARIO == stream ]] && BODY=$BENCH/bodies/chat-stream.json
@@ -55,7 +56,7 @@ for rep in $(seq "$REPS"); do
     t1=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
     node -e '
       const r = JSON.parse(process.argv[1]); const cpuUs = (process.argv[3] - process.argv[2]) / process.argv[4] * 1e6
-      const errs = Object.values(r.errors).reduce((a, b) => a + b, 0)
+      const errs = Object.entries(r.errors).filter(([, v]) => v > 0).map(([k, v]) => k + " " + v).join(" + ") || 0
       console.log(`${process.argv[5]} ${process.argv[6]} rep ${process.argv[7]}: ${r.requests} req, ${(r.requests / r.duration_us * 1e6).toFixed(0)} rps, ${(cpuUs / r.requests).toFixed(0)} µs CPU/req, errors ${errs}, p50/p99/max ${(r.lat_us.p50 / 1000).toFixed(0)}/${(r.lat_us.p99 / 1000).toFixed(0)}/${(r.lat_us.max / 1000).toFixed(0)} ms`)' \
       "$res" "$t0" "$t1" "$HZ" "${DIRS[$i]}" "$SCENARIO c=$CONNS" "$rep"
     reqs=$(node -p 'JSON.parse(process.argv[1]).requests' "$res")

@@ -47,6 +47,7 @@ import * as Telemetry from "./telemetry/Telemetry.js"
 import * as Tracing from "./telemetry/Tracing.js"
 import * as Upstreams from "./upstream/Upstreams.js"
 import * as HealthRedis from "./deployments/HealthRedis.js"
+import * as LiveRouting from "./deployments/LiveRouting.js"
 import * as Router from "./deployments/Router.js"
 import { deploymentRoutes } from "./deployments/Routes.js"
 
@@ -123,12 +124,17 @@ const upstreamsLayer = Upstreams.layerEffect(
   Effect.map(Live.LiveCatalog, (live) => Effect.sync(() => live.current().catalog.providers))
 )
 
-/** Catalog models to their deployments: health local, or shared by replicas through Redis when configured. */
+/**
+ * Catalog models to their deployments: health local, or shared by replicas through Redis when configured; the
+ * `routing` settings follow the config file.
+ */
 const deploymentsLayer = (config: GatewayConfig, random: (() => number) | undefined) => {
-  const options = { routing: config.routing, random }
-  const router = config.redis_url === undefined
-    ? Router.layer(options)
-    : HealthRedis.layer(config.redis_url, config.redis_key_prefix, options)
+  const router = Layer.unwrap(Effect.map(LiveRouting.make, (routing) => {
+    const options = { routing, random }
+    return config.redis_url === undefined
+      ? Router.layer(options)
+      : HealthRedis.layer(config.redis_url, config.redis_key_prefix, options)
+  }))
   return Layer.provideMerge(router, upstreamsLayer)
 }
 

@@ -1,11 +1,12 @@
 import { PgClient } from "@effect/sql-pg"
-import { Clock, Context, Duration, Effect, Exit, Layer, Option, Schedule, Stream } from "effect"
+import { Clock, Context, Deferred, Duration, Effect, Exit, Fiber, Layer, Option, Schedule, Stream } from "effect"
 import type { HttpServerRequest } from "effect/http"
 import type { SqlClient } from "effect/sql"
 import { randomUUID } from "node:crypto"
 import { Settings } from "../config/Live.js"
 import { AuthMessages, fail, type GatewayError } from "../errors/Catalog.js"
 import * as ClientAddress from "../http/ClientAddress.js"
+import { headersOf } from "../http/Respond.js"
 import * as Batcher from "../runtime/Batcher.js"
 import { MAX_TRACKED_KEYS } from "../runtime/RateWindow.js"
 import { CurrentTelemetry } from "../telemetry/Telemetry.js"
@@ -25,6 +26,13 @@ interface CacheEntry {
   readonly caller: Caller | null
   readonly expiresAt: number
 }
+
+/**
+ * A cached key used within this long of its entry's expiry is looked up again in the background, so that a key in
+ * steady use never expires under its requests (each expiry would otherwise send every concurrent request of the
+ * key to the database at once).
+ */
+export const REFRESH_AHEAD_MS = 15_000
 
 /** A key's `last_used_at` is written at most this often per replica. */
 const TOUCH_EVERY_MS = 60_000
@@ -268,6 +276,63 @@ export const make = Effect.gen(function*() {
       Effect.sync(() => limiter.end(client, now, Exit.isSuccess(exit) && exit.value === null))
     ))
 
+  /**
+   * Key lookups under way, by hash: concurrent misses of one key share one query (`sharedFind`). The query runs on
+   * its own fiber in this service's scope, so a waiting request that goes away does not cancel it for the others.
+   */
+  const finding = new Map<string, Deferred.Deferred<KeyStore.KeyOwner | null>>()
+  const forkDetached = Effect.runForkWith(yield* Effect.context<never>())
+  const serviceScope = yield* Effect.scope
+  /** Runs `effect` on its own fiber, interrupted when this service's scope closes. */
+  const runInScope = (effect: Effect.Effect<void>): void => {
+    Fiber.runIn(forkDetached(effect), serviceScope)
+  }
+  const startFind = (hash: string): Deferred.Deferred<KeyStore.KeyOwner | null> => {
+    const running = finding.get(hash)
+    if (running !== undefined) return running
+    const done = Deferred.makeUnsafe<KeyStore.KeyOwner | null>()
+    finding.set(hash, done)
+    runInScope(
+      store.findActiveKeyByHash(hash).pipe(
+        Effect.onExit((exit) =>
+          Effect.suspend(() => {
+            finding.delete(hash)
+            return Deferred.done(done, exit)
+          })
+        ),
+        Effect.asVoid
+      )
+    )
+    return done
+  }
+  const sharedFind = (hash: string): Effect.Effect<KeyStore.KeyOwner | null> =>
+    Effect.suspend(() => Deferred.await(startFind(hash)))
+
+  /** The cache entry of a lookup's answer; not cached when an invalidation came while it ran. */
+  const rememberFound = (hash: string, found: KeyStore.KeyOwner | null, seen: number, now: number): Caller | null => {
+    const caller: Caller | null = found ? { account: found.account, key: found.key } : null
+    if (seen === invalidations) {
+      remember(hash, { caller, expiresAt: now + (caller ? Invalidation.POSITIVE_TTL_MS : Invalidation.NEGATIVE_TTL_MS) }, now)
+    }
+    return caller
+  }
+
+  /** Keys being refreshed ahead of their expiry (`REFRESH_AHEAD_MS`). */
+  const refreshing = new Set<string>()
+  /** Starts a background lookup of a cached key close to its expiry; a revoked key is then refused sooner. */
+  const refreshAhead = (hash: string, entry: CacheEntry, now: number): void => {
+    if (entry.expiresAt - now > REFRESH_AHEAD_MS || refreshing.has(hash)) return
+    refreshing.add(hash)
+    const seen = invalidations
+    runInScope(
+      sharedFind(hash).pipe(
+        Effect.flatMap((found) => Effect.map(Clock.currentTimeMillis, (at) => void rememberFound(hash, found, seen, at))),
+        Effect.catchCause((cause) => Effect.logWarning("key refresh failed; the cached entry expires as usual", cause)),
+        Effect.ensuring(Effect.sync(() => refreshing.delete(hash)))
+      )
+    )
+  }
+
   const authenticateKey = (authorization: string | undefined, client: string): Effect.Effect<Caller, GatewayError> => {
     // No credential at all: nothing guessed and nothing to look up, so not counted.
     if (authorization === undefined || authorization.trim() === "") return Effect.fail(fail("invalid_api_key"))
@@ -279,6 +344,7 @@ export const make = Effect.gen(function*() {
       if (hit !== undefined && hit.expiresAt > now && hit.caller !== null) {
         keyCacheHits++
         touch(hit.caller.key!, now)
+        refreshAhead(hash!, hit, now)
         return Effect.succeed(hit.caller)
       }
       // Past the limit nothing is looked up, except a key this replica last saw valid (its entry expired).
@@ -292,15 +358,8 @@ export const make = Effect.gen(function*() {
       }
       const seen = invalidations
       keyLookups++
-      return lookup(client, now, store.findActiveKeyByHash(hash)).pipe(Effect.flatMap((found) => {
-        const caller: Caller | null = found ? { account: found.account, key: found.key } : null
-        if (seen === invalidations) {
-          remember(
-            hash,
-            { caller, expiresAt: now + (caller ? Invalidation.POSITIVE_TTL_MS : Invalidation.NEGATIVE_TTL_MS) },
-            now
-          )
-        }
+      return lookup(client, now, sharedFind(hash)).pipe(Effect.flatMap((found) => {
+        const caller = rememberFound(hash, found, seen, now)
         if (caller === null) return Effect.fail(fail("invalid_api_key"))
         touch(caller.key!, now)
         return Effect.succeed(caller)
@@ -375,14 +434,17 @@ export const make = Effect.gen(function*() {
 
   const cachedBearer = (request: HttpServerRequest.HttpServerRequest, xApiKey: boolean, now: number): Caller | undefined => {
     if (telemetry.tracing) return undefined
-    const authorization = xApiKey ? authorizationOrApiKey(request.headers) : request.headers.authorization
+    const headers = headersOf(request)
+    const authorization = xApiKey ? authorizationOrApiKey(headers) : headers.authorization
     if (authorization === undefined) return undefined
     const token = bearerToken(authorization)
     if (token === null || !isWellFormed(token, config.key_prefix)) return undefined
-    const hit = cache.get(hashKey(token))
+    const hash = hashKey(token)
+    const hit = cache.get(hash)
     if (hit === undefined || hit.expiresAt <= now || hit.caller === null) return undefined
     keyCacheHits++
     touch(hit.caller.key!, now)
+    refreshAhead(hash, hit, now)
     return hit.caller
   }
 
@@ -393,7 +455,7 @@ export const make = Effect.gen(function*() {
     bearer: (request, xApiKey) =>
       telemetry.span(
         authenticateKey(
-          xApiKey === true ? authorizationOrApiKey(request.headers) : request.headers.authorization,
+          xApiKey === true ? authorizationOrApiKey(headersOf(request)) : headersOf(request).authorization,
           clientAddress(request)
         ),
         "wellspring.auth"

@@ -100,9 +100,15 @@ export const Deployment = Schema.Struct({
   weight: Positive.pipe(withDefault(() => 1)),
   /** Lower is preferred: a higher number is used only while no deployment with a lower one is available. */
   priority: NonNegativeInt.pipe(withDefault(() => 0)),
-  /** Requests in flight on this deployment, per replica; past it the deployment is skipped. */
+  /**
+   * Requests in flight on this deployment; past it the deployment is skipped. Across every replica in production
+   * (Redis), in the process in embedded mode.
+   */
   concurrency: Schema.optional(PositiveInt),
-  /** Requests per minute sent to this deployment, per replica; past it the deployment is skipped. */
+  /**
+   * Requests sent to this deployment per minute; past it the deployment is skipped. Across every replica in a
+   * sliding 60 s window in production (Redis), per clock minute in the process in embedded mode.
+   */
   rate_limit_rpm: Schema.optional(PositiveInt)
 })
 export type Deployment = typeof Deployment.Type

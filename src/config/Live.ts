@@ -49,7 +49,7 @@ export type FileRead =
 /**
  * The config file after boot: the one poller of it. Every `catalog_reload_seconds` (on the Effect clock) it
  * compares the file's fingerprint (mtime, size, content hash); on a change it parses the file once and hands the
- * result to every listener, in the order they subscribed (the catalog first, then `byok` and `images`).
+ * result to every listener, in the order they subscribed (the catalog first, then `images`, `byok` and `routing`).
  */
 export class ConfigFile extends Context.Service<ConfigFile, {
   readonly path: string
@@ -112,14 +112,17 @@ export const sectionOf = (raw: unknown, name: string): unknown => {
 /** Parts of the `byok` section that `byok/Byok.ts` takes live; the rest of it is read at boot only. */
 const LIVE_BYOK = new Set(["providers", "max_per_provider", "fallback_default_on", "rate_limit_rpm"])
 
+/** Whole sections taken live: the catalog (here), `routing` (`deployments/LiveRouting.ts`). */
+const LIVE_SECTIONS = new Set(["catalog", "routing"])
+
 /**
- * Each boot-only section of a decoded config (everything but `catalog` and the live parts of `byok`) as a
- * comparable text; secrets are compared by hash, never kept.
+ * Each boot-only section of a decoded config (everything but `catalog`, `routing` and the live parts of `byok`) as
+ * a comparable text; secrets are compared by hash, never kept.
  */
 export const bootOnlySections = (config: GatewayConfig): ReadonlyMap<string, string> => {
   const sections = new Map<string, string>()
   for (const [key, value] of Object.entries(config)) {
-    if (key === "catalog") continue
+    if (LIVE_SECTIONS.has(key)) continue
     const part = key === "byok"
       ? Object.fromEntries(Object.entries(value as object).filter(([k]) => !LIVE_BYOK.has(k)))
       : value

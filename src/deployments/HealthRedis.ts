@@ -1,13 +1,18 @@
 /**
- * Deployment health shared by replicas through Redis pub/sub: every change one replica makes (a circuit opened or
- * closed, a `Retry-After` cooling) is published on `<prefix>deployments:health`, and every replica applies the
- * others' to its own book. Nothing is read from Redis on a request's path. A message is a change, not the state: a
- * replica that starts later learns of ejections from the failures it sees itself.
+ * The router of a replica in production mode (Redis configured):
+ *
+ * - Deployment health shared by replicas through Redis pub/sub: every change one replica makes (a circuit opened or
+ *   closed, a `Retry-After` cooling) is published on `<prefix>deployments:health`, and every replica applies the
+ *   others' to its own book. Nothing is read from Redis for health on a request's path. A message is a change, not
+ *   the state: a replica that starts later learns of ejections from the failures it sees itself.
+ * - Per-deployment `concurrency` and `rate_limit_rpm` counted for the fleet (`CapsRedis.ts`): one script call per
+ *   attempt on a deployment that has a cap; none for a deployment without one.
  */
 import { Effect, Layer, type Redacted } from "effect"
 import * as Crypto from "node:crypto"
 import * as StoreRedis from "../store/Redis.js"
 import type { HealthEvent } from "./Health.js"
+import * as CapsRedis from "./CapsRedis.js"
 import { Deployments, makeRouter, type RouterOptions } from "./Router.js"
 import type { Upstreams } from "../upstream/Upstream.js"
 
@@ -47,7 +52,13 @@ export const parseMessage = (message: string, self: string): HealthEvent | null 
   }
 }
 
-export const make = (prefix: string, options: RouterOptions) =>
+/** The router's options in production mode; the shared caps are built here. */
+export interface RedisRouterOptions extends Omit<RouterOptions, "share" | "caps"> {
+  /** Options of the shared caps (tests: `time: "clock"`). */
+  readonly caps?: CapsRedis.CapsRedisOptions | undefined
+}
+
+export const make = (prefix: string, options: RedisRouterOptions) =>
   Effect.gen(function*() {
     const { client } = yield* StoreRedis.RedisClient
     const self = Crypto.randomBytes(8).toString("hex")
@@ -55,7 +66,8 @@ export const make = (prefix: string, options: RouterOptions) =>
     const share = (event: HealthEvent): void => {
       client.publish(channel, JSON.stringify({ ...event, origin: self })).catch(() => {})
     }
-    const router = yield* makeRouter({ ...options, share })
+    const caps = yield* CapsRedis.make(client, prefix, options.caps)
+    const router = yield* makeRouter({ ...options, share, caps })
     const subscriber = yield* Effect.acquireRelease(
       // A subscriber waits for its connection (and resubscribes after a reconnect) rather than failing fast.
       Effect.sync(() => client.duplicate({ enableOfflineQueue: true, lazyConnect: false, commandTimeout: 2_000 })),
@@ -71,10 +83,10 @@ export const make = (prefix: string, options: RouterOptions) =>
     return router
   })
 
-/** The router with health shared through Redis at `url` (its own connections, closed with the layer). */
+/** The router with health and caps shared through Redis at `url` (its own connections, closed with the layer). */
 export const layer = (
   url: string | Redacted.Redacted<string>,
   prefix: string,
-  options: RouterOptions
+  options: RedisRouterOptions
 ): Layer.Layer<Deployments, never, Upstreams> =>
   Layer.effect(Deployments, make(prefix, options)).pipe(Layer.provide(StoreRedis.layer({ url })))

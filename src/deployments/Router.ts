@@ -13,8 +13,21 @@
  * - a model with one deployment always tries it: with nothing to fail over to, health does not keep it out.
  *
  * The request's admission (quota, RPM, the model's in-flight cap) happens once, before; attempts share its ticket,
- * so failover neither charges twice nor takes a second slot. Per-deployment `concurrency` and `rate_limit_rpm` are
- * counted per replica.
+ * so failover neither charges twice nor takes a second slot of the model.
+ *
+ * Per-deployment `concurrency` (attempts in flight) and `rate_limit_rpm` (attempts started per minute) are checked
+ * per attempt; a deployment at a cap is skipped like an unhealthy one (not an attempt: the balancer moves on; with
+ * none left the answer is 503 `service_unavailable`, or the last failure).
+ * - Production (`caps`, `CapsRedis.ts`): counted for the whole fleet. An attempt on a deployment with a cap takes a
+ *   slot and a start in Redis (one script call) before it starts; a deployment without one costs no Redis call.
+ *   This replica's own in-flight count and a minute the fleet reported full (until it has room, for the same cap)
+ *   rule deployments out without asking. The slot goes back once, when the attempt ends (answer, failure, failover,
+ *   abort, interruption, a stream's end or cut); a dead replica's slots lapse within 9 s.
+ * - Embedded (no `caps`): counted in this process (the minute is the clock's minute).
+ * The balancer weighs this replica's own in-flight counts in both modes.
+ *
+ * The `routing` settings are read at each request and outcome (`LiveRouting.ts`: they reload live); circuits keep
+ * their state across a change.
  */
 import { Clock, Context, Effect, Layer } from "effect"
 import {
@@ -34,6 +47,7 @@ import {
 } from "../upstream/Upstream.js"
 import { type Candidate, pick } from "./Balancer.js"
 import { type CircuitState, HealthBook, type HealthEvent } from "./Health.js"
+import type { SharedCaps } from "./SharedCaps.js"
 
 /** What the request learns of its attempts (the exchange: its row's `deployment` and `attempts`). */
 export interface AttemptObserver {
@@ -72,10 +86,16 @@ export class Deployments extends Context.Service<Deployments, {
 export type ShareHealth = (event: HealthEvent) => void
 
 export interface RouterOptions {
-  readonly routing: RoutingConfig
+  /** The `routing` settings in force, read at each request and outcome (`LiveRouting.ts` keeps it current). */
+  readonly routing: () => RoutingConfig
   /** The balancer's chance, in [0, 1); a seeded one makes choices repeatable. */
   readonly random?: (() => number) | undefined
   readonly share?: ShareHealth | undefined
+  /**
+   * Per-deployment `concurrency` and `rate_limit_rpm` counted for the whole fleet (production); absent, this
+   * process counts them alone (embedded mode).
+   */
+  readonly caps?: SharedCaps | undefined
 }
 
 /** Requests in flight and sent this minute, per deployment key (this replica). */
@@ -83,6 +103,9 @@ interface Load {
   inFlight: number
   minute: number
   sent: number
+  /** Shared caps: the fleet's minute was full until then (epoch ms), for the `rate_limit_rpm` it was full at. */
+  fullUntil: number
+  fullAt: number
 }
 
 /** How an attempt ended, for its deployment's health. */
@@ -98,14 +121,16 @@ export const makeRouter = (options: RouterOptions) =>
     const upstreams = yield* Upstreams
     const layerClock = yield* Clock.Clock
     const random = options.random ?? Math.random
-    const failover = options.routing.failover
-    const book = new HealthBook(() => options.routing.health, options.share)
+    const routing = options.routing
+    const shared = options.caps
+    const book = new HealthBook(() => routing().health, options.share)
     const loads = new Map<string, Load>()
+    let lastUnavailableLog = Number.NEGATIVE_INFINITY
 
     const loadOf = (key: string): Load => {
       let load = loads.get(key)
       if (load === undefined) {
-        load = { inFlight: 0, minute: 0, sent: 0 }
+        load = { inFlight: 0, minute: 0, sent: 0, fullUntil: 0, fullAt: 0 }
         loads.set(key, load)
       }
       return load
@@ -116,7 +141,11 @@ export const makeRouter = (options: RouterOptions) =>
       readonly load: Load
     }
 
-    /** The deployments that may take an attempt now, not counting those already tried. */
+    /**
+     * The deployments that may take an attempt now, leaving out those this request already tried or found full.
+     * With shared caps, what this replica knows is a first filter (its own in-flight requests hold fleet slots; a
+     * minute the fleet reported full stays full until its oldest start leaves it); the fleet decides at `take`.
+     */
     const candidates = (model: ModelConfig, tried: ReadonlySet<string>, now: number): Array<Choice> => {
       const all = deploymentsOf(model)
       const alone = all.length === 1
@@ -128,15 +157,19 @@ export const makeRouter = (options: RouterOptions) =>
         const load = loadOf(key)
         if (!alone && book.availability(key, now) === "no") continue
         if (deployment.concurrency !== null && load.inFlight >= deployment.concurrency) continue
-        if (deployment.rate_limit_rpm !== null && load.minute === minute && load.sent >= deployment.rate_limit_rpm) {
-          continue
+        const rpm = deployment.rate_limit_rpm
+        if (rpm !== null) {
+          if (shared === undefined ? load.minute === minute && load.sent >= rpm : load.fullUntil > now && load.fullAt === rpm) {
+            continue
+          }
         }
         out.push({ deployment, key, load, inFlight: load.inFlight })
       }
       return out
     }
 
-    const begin = (choice: Choice, now: number): void => {
+    /** Counts an attempt on `choice` here; with shared caps, true when it took the half-open trial. */
+    const begin = (choice: Choice, now: number): boolean => {
       const minute = Math.floor(now / 60_000)
       const load = choice.load
       if (load.minute !== minute) {
@@ -145,16 +178,55 @@ export const makeRouter = (options: RouterOptions) =>
       }
       load.sent += 1
       load.inFlight += 1
+      const trial = shared !== undefined && book.availability(choice.key, now) === "trial"
       book.begin(choice.key, now)
+      return trial
     }
 
-    /** Ends one attempt's hold on its deployment, with its outcome for health; idempotent. */
-    const ender = (choice: Choice, clock: Clock.Clock) => {
+    /** Undoes `begin` for an attempt that the fleet's caps refused before it started. */
+    const unbegin = (choice: Choice, trial: boolean): void => {
+      choice.load.sent -= 1
+      choice.load.inFlight -= 1
+      if (trial) book.neutral(choice.key)
+    }
+
+    /**
+     * Asks the fleet for a slot on a capped deployment (shared caps only); null when it may not go. A refusal is
+     * remembered for `rate_limit_rpm` until the minute has room, so this replica stops asking until then.
+     */
+    const takeShared = (choice: Choice, caps: SharedCaps, clock: Clock.Clock) =>
+      Effect.flatMap(caps.take(choice.key, choice.deployment), (taken): Effect.Effect<{ slot: string | null } | null> => {
+        switch (taken._tag) {
+          case "Taken":
+            return Effect.succeed({ slot: taken.slot })
+          case "Full":
+            return Effect.succeed(null)
+          case "RateLimited":
+            choice.load.fullUntil = clock.currentTimeMillisUnsafe() + taken.retryMs
+            choice.load.fullAt = choice.deployment.rate_limit_rpm ?? 0
+            return Effect.succeed(null)
+          case "Unavailable": {
+            const now = clock.currentTimeMillisUnsafe()
+            if (now - lastUnavailableLog < 10_000) return Effect.succeed(null)
+            lastUnavailableLog = now
+            return Effect.as(
+              Effect.logWarning("deployment caps unavailable; skipping the capped deployment").pipe(
+                Effect.annotateLogs({ deployment: choice.key, detail: taken.detail })
+              ),
+              null
+            )
+          }
+        }
+      })
+
+    /** Ends one attempt's hold on its deployment (and its fleet slot), with its outcome for health; idempotent. */
+    const ender = (choice: Choice, clock: Clock.Clock, slot: string | null) => {
       let ended = false
       return (outcome: Outcome): void => {
         if (ended) return
         ended = true
         choice.load.inFlight -= 1
+        if (slot !== null) shared!.release(choice.key, slot)
         if (outcome === "neutral") return book.neutral(choice.key)
         const now = clock.currentTimeMillisUnsafe()
         if (outcome === "success") return book.success(choice.key, now)
@@ -180,23 +252,40 @@ export const makeRouter = (options: RouterOptions) =>
       // interruption point in between, so it is never lost with its deployment's in-flight count.
       Effect.uninterruptibleMask((restore) => Effect.gen(function*() {
         const clock = yield* Clock.Clock
+        const failover = routing().failover
         const started = clock.currentTimeMillisUnsafe()
+        /** Deployments this request tried, or found full: never asked again. */
         const tried = new Set<string>()
+        let failed: string | null = null
+        let made = 0
         let last: UpstreamError | null = null
-        for (let attempt = 0; attempt < failover.max_attempts; attempt++) {
+        while (made < failover.max_attempts) {
           const now = clock.currentTimeMillisUnsafe()
-          if (attempt > 0 && now - started >= failover.budget_seconds * 1000) break
+          if (made > 0 && now - started >= failover.budget_seconds * 1000) break
           const choice = pick(candidates(model, tried, now), random)
           if (choice === null) break
+          tried.add(choice.deployment.id)
+          const trial = begin(choice, now)
+          let slot: string | null = null
+          if (shared !== undefined && (choice.deployment.concurrency !== null || choice.deployment.rate_limit_rpm !== null)) {
+            // Uninterruptible (bounded by the Redis command timeout): a slot taken is always handed to `ender`.
+            const taken = yield* takeShared(choice, shared, clock)
+            if (taken === null) {
+              // Full across the fleet: skipped as a full deployment always was; not an attempt.
+              unbegin(choice, trial)
+              continue
+            }
+            slot = taken.slot
+          }
+          made += 1
           if (last !== null) {
             yield* Effect.logInfo("deployment failed before the first byte; trying another").pipe(
-              Effect.annotateLogs({ model: model.id, failed: [...tried].at(-1), next: choice.deployment.id, kind: last.kind })
+              Effect.annotateLogs({ model: model.id, failed, next: choice.deployment.id, kind: last.kind })
             )
           }
-          tried.add(choice.deployment.id)
+          failed = choice.deployment.id
           observer.attempt(choice.deployment.id)
-          begin(choice, now)
-          const end = ender(choice, clock)
+          const end = ender(choice, clock, slot)
           const result = yield* restore(
             Effect.flatMap(upstreams.get(choice.deployment.provider), (adapter) => call(choice.deployment, adapter, end))
           ).pipe(

@@ -20,6 +20,7 @@ import type { HttpServerRequest } from "effect/http"
 import type * as Http from "node:http"
 import { fail, GatewayError } from "../errors/Catalog.js"
 import { makeDepthScanner, parseScannedJson, tooDeep } from "./Json.js"
+import { headersOf } from "./Respond.js"
 
 const MB = 1024 * 1024
 
@@ -158,7 +159,7 @@ export const readBytes = (
   request: HttpServerRequest.HttpServerRequest,
   options: { readonly maxBytes: number; readonly contentTypes: ReadonlyArray<string> }
 ): Effect.Effect<Uint8Array, GatewayError> => {
-  const header = request.headers["content-type"]
+  const header = headersOf(request)["content-type"]
   const type = typeof header === "string" ? header.split(";", 1)[0]!.trim().toLowerCase() : ""
   if (!options.contentTypes.includes(type)) {
     return Effect.fail(fail("unsupported_content_type", { message: `요청 본문은 ${options.contentTypes.join(", ")} 이어야 합니다.` }))
@@ -215,7 +216,7 @@ export const readJsonWith = (
   limits: BodyLimitsShape,
   options: JsonBodyOptions = {}
 ): Effect.Effect<unknown, GatewayError> => {
-  if (!acceptsContentType(request.headers["content-type"])) return Effect.fail(fail("unsupported_content_type"))
+  if (!acceptsContentType(headersOf(request)["content-type"])) return Effect.fail(fail("unsupported_content_type"))
   const maxBytes = Math.min(options.maxBytes ?? limits.body_bytes, limits.body_bytes)
   return Effect.flatMap(readBoundedText(request, maxBytes, limits.json_depth), (text) =>
     options.emptyIsAbsent === true && text.trim() === ""

@@ -1,6 +1,7 @@
 import { Cause, Clock, Context, Effect } from "effect"
 import { type HttpServerRequest, HttpServerResponse } from "effect/http"
 import * as Crypto from "node:crypto"
+import * as Http from "node:http"
 import { fail, GatewayError } from "../errors/Catalog.js"
 
 /** Correlation id of the current request (`x-wellspring-request-id`); read it with `yield* currentRequestId`. */
@@ -81,25 +82,35 @@ export const handle = <R>(
 ): Effect.Effect<HttpServerResponse.HttpServerResponse, never, R | HttpServerRequest.HttpServerRequest> =>
   Effect.suspend(() => {
     const id = newRequestId()
-    return handler.pipe(
-      Effect.catchCause((cause) => {
+    // One step for both outcomes (a `catchCause` then a `map` would take two on every request).
+    return Effect.matchCauseEffect(handler, {
+      onFailure: (cause) => {
         const failure = Cause.findErrorOption(cause)
         if (failure._tag === "Some" && failure.value instanceof GatewayError) {
-          return Effect.succeed(closingIfRefused(failure.value, render(failure.value)))
+          return Effect.succeed(withRequestId(closingIfRefused(failure.value, render(failure.value)), id))
         }
         if (Cause.hasInterruptsOnly(cause)) return Effect.failCause(cause) as never
         const code = defectCode(cause)
         const report = code === "service_unavailable" ? reportOutage(cause) : Effect.logError("unhandled defect", cause)
-        return report.pipe(Effect.as(render(fail(code))))
-      }),
-      Effect.map((response) => HttpServerResponse.setHeader(response, REQUEST_ID_HEADER, id)),
-      Effect.provideService(currentRequestId, id)
-    )
+        return report.pipe(Effect.as(withRequestId(render(fail(code)), id)))
+      },
+      onSuccess: (response) => Effect.succeed(withRequestId(response, id))
+    }).pipe(Effect.provideService(currentRequestId, id))
   })
 
-/** Headers as a plain lowercase record. */
-export const headersOf = (request: HttpServerRequest.HttpServerRequest): Readonly<Record<string, string | undefined>> =>
-  request.headers as Readonly<Record<string, string | undefined>>
+const withRequestId = (response: HttpServerResponse.HttpServerResponse, id: string) =>
+  HttpServerResponse.setHeader(response, REQUEST_ID_HEADER, id)
+
+/**
+ * Headers as a plain lowercase record. On Node this is the incoming message's own record (Node lowercases the
+ * names and joins repeated values as `Headers.fromInput` would); `request.headers` copies it on every read.
+ */
+export const headersOf = (request: HttpServerRequest.HttpServerRequest): Readonly<Record<string, string | undefined>> => {
+  const source = (request as { readonly source?: unknown }).source
+  return (source instanceof Http.IncomingMessage ? source.headers : request.headers) as Readonly<
+    Record<string, string | undefined>
+  >
+}
 
 export const json = (body: unknown, status = 200, headers?: Record<string, string>) =>
   HttpServerResponse.jsonUnsafe(body, headers ? { status, headers } : { status })

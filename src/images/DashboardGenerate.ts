@@ -23,7 +23,7 @@ export const dashboardGenerate = HttpRouter.add(
     { render: renderAccount, modelId: IMAGE_MODEL_ID, operation: "image_generation", authenticate: authenticateAccount },
     (exchange, request) =>
       Effect.gen(function*() {
-        const generated = yield* runGeneration(exchange, request)
+        const generated = yield* runGeneration(exchange, exchange, request)
         yield* exchange.succeed()
         return json({
           success: true,

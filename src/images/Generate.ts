@@ -8,7 +8,7 @@ import type { HttpServerRequest } from "effect/http"
 import * as Crypto from "node:crypto"
 import { fail, ImageMessages } from "../errors/Catalog.js"
 import { readJson } from "../http/Body.js"
-import type { Exchange } from "../inference/Exchange.js"
+import type { AnswerMeter, ExchangeView } from "../inference/Exchange.js"
 import { IMAGE_MODEL } from "../telemetry/Telemetry.js"
 import { ImageGallery, type ImageJob, ImagePresets, ImageQueue, ImageSlots } from "./Contracts.js"
 import { LiveImages } from "./LiveConfig.js"
@@ -38,9 +38,14 @@ export interface Generated {
  * One image for the exchange's caller, from the checks after authentication to the saved gallery entry (the order
  * of Route.ts's module comment). Shared by the `/v1` endpoint and the dashboard's generate form
  * (`POST /api/user/me/images/generate`, DashboardGenerate.ts), which differ only in how the caller authenticates and
- * how the answer is rendered.
+ * how the answer is rendered. Reads the exchange through its view and times the job on its meter.
  */
-export const runGeneration = (exchange: Exchange, request: HttpServerRequest.HttpServerRequest) =>
+export const runGeneration = (
+  exchange: ExchangeView,
+  /** Times the job (dispatched to the queue, the image back): the row's `ttfb_ms`. */
+  meter: AnswerMeter,
+  request: HttpServerRequest.HttpServerRequest
+) =>
   Effect.gen(function*() {
     const live = yield* LiveImages
     const slots = yield* ImageSlots
@@ -83,7 +88,7 @@ export const runGeneration = (exchange: Exchange, request: HttpServerRequest.Htt
       Effect.andThen(
         slots.acquire(account.id),
         Effect.suspend(() => {
-          exchange.markDispatched()
+          meter.markDispatched()
           return queue.run(job)
         }).pipe(Effect.timeoutOrElse({
           duration: Duration.seconds(seconds),
@@ -95,7 +100,7 @@ export const runGeneration = (exchange: Exchange, request: HttpServerRequest.Htt
     if (!isPng(outcome.png)) {
       return yield* Effect.fail(fail("image_failed", { detail: `worker ${outcome.workerId} returned bytes that are not a PNG` }))
     }
-    exchange.markFirstByte()
+    meter.markFirstByte()
 
     // The image exists: keep it in the gallery even if the client has gone; a failed save only costs the copy.
     yield* gallery.save({ id: job.id, accountId: account.id, prompt: req.input, spec: job.spec, png: outcome.png }).pipe(

@@ -24,7 +24,7 @@ export const generateImage = HttpRouter.add(
   IMAGE_PATH,
   exchangeRoute({ render: renderImage, modelId: IMAGE_MODEL_ID, operation: "image_generation" }, (exchange, request) =>
     Effect.gen(function*() {
-      const generated = yield* runGeneration(exchange, request)
+      const generated = yield* runGeneration(exchange, exchange, request)
       const zip = zipImage(generated.png)
       yield* exchange.succeed()
       return HttpServerResponse.uint8Array(zip, {

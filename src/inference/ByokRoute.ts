@@ -11,7 +11,6 @@
  * - A failure after the first byte cannot fall back: the stream ends without `[DONE]`.
  */
 import { Effect } from "effect"
-import type { Caller } from "../auth/Auth.js"
 import { Byok } from "../byok/Byok.js"
 import { Credentials } from "../byok/Credentials.js"
 import { type ByokReference, rpmWindowOf } from "../byok/Reference.js"
@@ -20,9 +19,9 @@ import { LiveCatalog, Settings } from "../config/Live.js"
 import { AccountMessages, fail, type GatewayError } from "../errors/Catalog.js"
 import { Admission } from "../quota/Admission.js"
 import type { UpstreamAdapter, UpstreamError } from "../upstream/Upstream.js"
-import type { Exchange } from "./Exchange.js"
+import type { Admitter, ExchangeView } from "./Exchange.js"
 import { classify, type Failure } from "../upstream/Failure.js"
-import { type PlannedStep, runPlan, type Step } from "./Plan.js"
+import type { PlannedStep, Step } from "./Plan.js"
 
 const admissionModels = new Map<string, ModelConfig>()
 
@@ -64,19 +63,26 @@ export interface ByokPlan<A, R> {
     mapFailure: (error: UpstreamError) => GatewayError
   ) => Effect.Effect<A, GatewayError, R>
   /**
-   * Prepares the same request on the pool model (its gates and limits): the pool step (Plan.ts) that admits and
-   * runs it; fails when that model cannot take it, and the BYOK failure is answered instead.
+   * Prepares the same request on the pool model (its gates and limits): the pool step (Plan.ts) that records the
+   * fallback, admits and runs it; fails when that model cannot take it, and the BYOK failure is answered instead.
    */
   readonly fallback: (model: ModelConfig) => Effect.Effect<Step<A, R>, GatewayError>
 }
 
+/** A BYOK request's resolved credential: where it goes (the row's `provider`, with `byok`) and the plan's steps. */
+export interface ByokSteps<A, R> {
+  readonly provider: string
+  readonly steps: ReadonlyArray<PlannedStep<A, R>>
+}
+
 /**
  * The steps of a BYOK request: the credential (skipped when it is rejected), then, when the account's fallback is
- * on and the credential names a pool model that can take the request, that model.
+ * on and the credential names a pool model that can take the request, that model. Changes nothing on the
+ * exchange but its ticket (`admit`): the pipeline records the route it returns.
  */
-export const byokSteps = <A, R>(exchange: Exchange, caller: Caller, reference: ByokReference, plan: ByokPlan<A, R>) =>
+export const byokSteps = <A, R>(exchange: ExchangeView & Admitter, reference: ByokReference, plan: ByokPlan<A, R>) =>
   Effect.gen(function*() {
-    const account = caller.account
+    const account = exchange.caller.account
     if (account.is_guest) return yield* Effect.fail(fail("byok_disabled", { message: AccountMessages.byokGuest }))
     const byok = yield* Byok
     const credentials = yield* Credentials
@@ -84,13 +90,11 @@ export const byokSteps = <A, R>(exchange: Exchange, caller: Caller, reference: B
     const settings = yield* Settings
     const catalog = yield* LiveCatalog
     const credential = yield* credentials.resolve(account.id, reference)
-    exchange.routeByok(credential.provider.id)
 
     const fallbackOn = account.byok_fallback_override ?? byok.config.fallback_default_on
     const fallbackModel = fallbackOn && credential.fallbackModelId !== null
       ? catalog.current().byId.get(credential.fallbackModelId)
       : undefined
-    const requested = exchange.modelId
 
     const throughCredential: PlannedStep<A, R> = () => {
       if (credential.status === "rejected") {
@@ -127,21 +131,12 @@ export const byokSteps = <A, R>(exchange: Exchange, caller: Caller, reference: B
     const toPool: PlannedStep<A, R> = (previous) => {
       const original = previous!
       if (fallbackModel === undefined || fallbackModel.disabled) return Effect.fail(original)
-      return plan.fallback(fallbackModel).pipe(
-        Effect.matchEffect({
-          onFailure: (refused) =>
-            Effect.logInfo("BYOK fallback model cannot take the request").pipe(
-              Effect.annotateLogs({ fallback_model: fallbackModel.id, code: refused.code }),
-              Effect.andThen(Effect.sync(() => exchange.resolveModel(requested))),
-              Effect.andThen(Effect.fail(original))
-            ),
-          onSuccess: (step) => Effect.succeed({ ...step, admit: Effect.andThen(exchange.fallBack(fallbackModel.id), step.admit) })
-        })
-      )
+      return Effect.catch(plan.fallback(fallbackModel), (refused) =>
+        Effect.logInfo("BYOK fallback model cannot take the request").pipe(
+          Effect.annotateLogs({ fallback_model: fallbackModel.id, code: refused.code }),
+          Effect.andThen(Effect.fail(original))
+        ))
     }
-    return [throughCredential, toPool] as const
+    const steps: ByokSteps<A, R> = { provider: credential.provider.id, steps: [throughCredential, toPool] }
+    return steps
   })
-
-/** Runs a BYOK request's plan. */
-export const runByok = <A, R>(exchange: Exchange, caller: Caller, reference: ByokReference, plan: ByokPlan<A, R>) =>
-  Effect.flatMap(byokSteps(exchange, caller, reference, plan), runPlan)

@@ -1,22 +1,24 @@
 /**
- * A decoded request (the internal chat form, whatever wire it came in on) to what is sent upstream: check the
- * model and its capability gates (tools, reasoning effort, images), measure the input against the model's limit
- * and clamp `max_tokens`. What the request row needs is noted on the exchange as it is learnt.
+ * The steps that take a decoded request (the internal chat form, whatever wire it came in on) to what is sent
+ * upstream, each returning its result for the pipeline to record: the description (`describeChat`), the model and
+ * its gates (`checkModel`: tools, reasoning effort), then the size (`chatOnModel`: images, the input against the
+ * model's limit, `max_tokens` clamped; `chatThroughCredential` for a BYOK request).
  */
 import { Effect, Result } from "effect"
 import { type ModelConfig, primaryDeployment } from "../config/GatewayConfig.js"
 import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
-import { type ByokReference, isByokModel, parseReference } from "../byok/Reference.js"
+import type { ByokReference } from "../byok/Reference.js"
 import type { UpstreamRequest } from "../upstream/Upstream.js"
 import type { ReasoningEffort } from "../wire/ChatSchemas.js"
 import type { ChatRequest } from "./ChatRequest.js"
-import type { Exchange } from "./Exchange.js"
 import { exceedsLimit, measure } from "./Tokens.js"
 
 /** A request for a catalog model, ready for admission and dispatch. */
 export interface PoolChat {
   readonly _tag: "Pool"
   readonly model: ModelConfig
+  /** The input estimate (the row's, and what admission reserves). */
+  readonly estimatedInput: number
   readonly upstream: UpstreamRequest
 }
 
@@ -24,17 +26,28 @@ export interface PoolChat {
 export interface ByokChat {
   readonly _tag: "Byok"
   readonly reference: ByokReference
-  /** The decoded request, kept for a fallback to a pool model. */
-  readonly request: ChatRequest
+  /** The input estimate (the row's; BYOK admission reserves nothing). */
+  readonly estimatedInput: number
   readonly upstream: UpstreamRequest
 }
 
-export type PreparedChat = PoolChat | ByokChat
+/** What a chat request's row describes of it (recorded before any gate, so every row has it). */
+export interface ChatDescription {
+  readonly stream: boolean
+  readonly hadTools: boolean
+  readonly toolChoice: string | null
+}
 
 
 /** The row's `tool_choice`: the mode, or `function:<name>` (bounded). */
 export const toolChoiceLabel = (choice: ChatRequest["tool_choice"]): string | null =>
   choice === undefined ? null : typeof choice === "string" ? choice : `function:${choice.function.name}`.slice(0, 80)
+
+export const describeChat = (req: ChatRequest): ChatDescription => ({
+  stream: req.stream === true,
+  hadTools: (req.tools?.length ?? 0) > 0,
+  toolChoice: toolChoiceLabel(req.tool_choice)
+})
 
 /**
  * The catalog model a request may use, with its reasoning effort as the model allows it, or the gate it fails:
@@ -111,61 +124,53 @@ export const byokUpstreamRequest = (
 /** The contract's efforts, all of them allowed through a credential (the provider refuses what its model lacks). */
 const BYOK_EFFORTS: ReadonlyArray<ReasoningEffort> = ["none", "low", "high", "max"]
 
-/** A BYOK request: the reference parsed, the input measured for the row (no catalog limits apply). */
-const prepareByok = (exchange: Exchange, req: ChatRequest): Effect.Effect<ByokChat, GatewayError> => {
-  const reference = parseReference(req.model)
-  if (reference === null) return Effect.fail(fail("model_not_found", { message: InferenceMessages.byokBadReference }))
-  exchange.resolveModel(req.model)
+/** A `@provider[:label]/model` that does not parse: `model_not_found`. */
+export const badReference = (): GatewayError => fail("model_not_found", { message: InferenceMessages.byokBadReference })
+
+/**
+ * The size step of a BYOK request (after its reference parsed): the effort checked against the contract's, the
+ * input measured for the row (no catalog limits apply).
+ */
+export const chatThroughCredential = (req: ChatRequest, reference: ByokReference): Effect.Effect<ByokChat, GatewayError> => {
   const effort = req.reasoning_effort === undefined ? undefined : BYOK_EFFORTS.find((e) => e === req.reasoning_effort)
   if (req.reasoning_effort !== undefined && effort === undefined) {
     return Effect.fail(fail("invalid_reasoning_effort", { message: InferenceMessages.reasoningEffortNotAllowed(BYOK_EFFORTS) }))
   }
-  return Effect.map(exceedsLimit(measure(req.messages, req.tools), Number.MAX_SAFE_INTEGER), ({ tokens }) => {
-    exchange.setEstimatedInput(tokens)
-    return { _tag: "Byok", reference, request: req, upstream: byokUpstreamRequest(req, reference, effort) } as const
-  })
+  return Effect.map(exceedsLimit(measure(req.messages, req.tools), Number.MAX_SAFE_INTEGER), ({ tokens }) => ({
+    _tag: "Byok",
+    reference,
+    estimatedInput: tokens,
+    upstream: byokUpstreamRequest(req, reference, effort)
+  }) as const)
 }
 
 /**
- * A decoded request on a catalog model: the gates, the size check and `max_tokens`. Also a BYOK request's
- * fallback to its pool model.
+ * The size step on a catalog model that passed `checkModel`: the images gate, `input_too_long`, `max_tokens`
+ * clamped.
  */
-export const prepareForModel = (
-  exchange: Exchange,
+export const chatOnModel = (
   req: ChatRequest,
-  model: ModelConfig | undefined
+  checked: { readonly model: ModelConfig; readonly effort: ReasoningEffort | undefined }
 ): Effect.Effect<PoolChat, GatewayError> => {
-  const checked = checkModel(req, model)
-  if (Result.isFailure(checked)) return Effect.fail(checked.failure)
-  const m = checked.success.model
-  exchange.resolveModel(m.id)
+  const m = checked.model
   const size = measure(req.messages, req.tools)
   if (size.images > 0 && !m.supports_images) return Effect.fail(fail("images_not_supported"))
   return Effect.flatMap(exceedsLimit(size, m.max_input_tokens), ({ exceeds, tokens }) => {
     if (exceeds) {
       return Effect.fail(fail("input_too_long", { message: InferenceMessages.inputTooLong(m.max_input_tokens, tokens) }))
     }
-    exchange.setEstimatedInput(tokens)
     const maxTokens = Math.min(req.max_tokens ?? m.max_output_tokens, m.max_output_tokens)
-    return Effect.succeed({ _tag: "Pool", model: m, upstream: upstreamRequest(req, m, checked.success.effort, maxTokens) } as const)
+    return Effect.succeed({
+      _tag: "Pool",
+      model: m,
+      estimatedInput: tokens,
+      upstream: upstreamRequest(req, m, checked.effort, maxTokens)
+    } as const)
   })
 }
 
-/**
- * Checks a decoded request (after authentication and the account gates), noting on the exchange what its row
- * records. `lookup` finds a live catalog model by the id or alias the client named.
- */
-export const prepareRequest = (
-  exchange: Exchange,
-  req: ChatRequest,
-  lookup: (id: string) => ModelConfig | undefined
-): Effect.Effect<PreparedChat, GatewayError> => {
-  exchange.describe({
-    stream: req.stream === true,
-    hadTools: (req.tools?.length ?? 0) > 0,
-    toolChoice: toolChoiceLabel(req.tool_choice)
-  })
-  return isByokModel(req.model)
-    ? prepareByok(exchange, req) as Effect.Effect<PreparedChat, GatewayError>
-    : prepareForModel(exchange, req, lookup(req.model))
+/** A decoded request on a catalog model, every gate and the size at once: a BYOK request's fallback. */
+export const chatForModel = (req: ChatRequest, model: ModelConfig | undefined): Effect.Effect<PoolChat, GatewayError> => {
+  const checked = checkModel(req, model)
+  return Result.isFailure(checked) ? Effect.fail(checked.failure) : chatOnModel(req, checked.success)
 }

@@ -1,13 +1,13 @@
 /**
  * How a chat answer is written: the non-stream `chat.completion` body, the SSE frames of a stream, and the
- * receipt (`wellspring`) and quota headers both carry. Output counted here goes to the exchange
- * (`addDelivered`, `setUsage`), which charges it.
+ * receipt (`wellspring`) and quota headers both carry. The exchange is read through its view; output counted here
+ * goes to its meter (`addDelivered`, `setUsage`), which charges it.
  */
 import { HttpServerResponse } from "effect/http"
 import type { PlanConfig } from "../config/GatewayConfig.js"
 import type { FinishReason, UpstreamEvent, Usage } from "../upstream/Upstream.js"
 import type { Delivery, Receipt, StreamFraming } from "./Codec.js"
-import type { Exchange, Settled } from "./Exchange.js"
+import type { AnswerMeter, ExchangeView, Settled } from "./Exchange.js"
 import { quotaHeaders, receipt } from "./Receipt.js"
 
 const outputUsage = (usage: Usage) => ({
@@ -17,7 +17,7 @@ const outputUsage = (usage: Usage) => ({
 })
 
 /** Receipt of a settled request; omitted (null) rather than failing the request. */
-export const safeReceipt = (exchange: Exchange, plan: PlanConfig, settled: Settled): Receipt | null => {
+export const safeReceipt = (exchange: ExchangeView, plan: PlanConfig, settled: Settled): Receipt | null => {
   try {
     const ticket = exchange.ticket
     if (!settled || !ticket) return null
@@ -27,8 +27,8 @@ export const safeReceipt = (exchange: Exchange, plan: PlanConfig, settled: Settl
   }
 }
 
-const completionId = (exchange: Exchange) => `chatcmpl-${exchange.requestId}`
-const createdSeconds = (exchange: Exchange) => Math.floor(exchange.createdAt.getTime() / 1000)
+const completionId = (exchange: ExchangeView) => `chatcmpl-${exchange.requestId}`
+const createdSeconds = (exchange: ExchangeView) => Math.floor(exchange.createdAt.getTime() / 1000)
 
 /** A non-stream answer, accumulated from the upstream's events. */
 export interface Answer {
@@ -67,18 +67,18 @@ export const foldEvents = (acc: Answer, events: ReadonlyArray<UpstreamEvent>): v
   }
 }
 
-/** Folds the upstream's events into one answer, counting the delivered output on the exchange. */
-export const accumulate = (events: ReadonlyArray<UpstreamEvent>, exchange: Exchange): Answer => {
+/** Folds the upstream's events into one answer, counting the delivered output and the usage on `meter`. */
+export const accumulate = (events: ReadonlyArray<UpstreamEvent>, meter: AnswerMeter): Answer => {
   const acc = emptyAnswer()
   for (const event of events) {
     switch (event._tag) {
       case "Content":
         acc.content += event.text
-        exchange.addDelivered(event.text.length)
+        meter.addDelivered(event.text.length)
         break
       case "Reasoning":
         acc.reasoning += event.text
-        exchange.addDelivered(event.text.length)
+        meter.addDelivered(event.text.length)
         break
       case "ToolCallStart":
         acc.tools[event.index] = { id: event.id, name: event.name, args: "" }
@@ -86,14 +86,14 @@ export const accumulate = (events: ReadonlyArray<UpstreamEvent>, exchange: Excha
       case "ToolCallArgs": {
         const call = acc.tools[event.index]
         if (call) call.args += event.fragment
-        exchange.addDelivered(event.fragment.length)
+        meter.addDelivered(event.fragment.length)
         break
       }
       case "Finish":
         acc.finish = event.reason
         break
       case "Usage":
-        exchange.setUsage(event.usage)
+        meter.setUsage(event.usage)
         break
     }
   }
@@ -101,7 +101,7 @@ export const accumulate = (events: ReadonlyArray<UpstreamEvent>, exchange: Excha
 }
 
 /** The quota headers of a settled request (its request id alone when the settlement is unknown). */
-export const settledHeaders = (exchange: Exchange, settled: Settled): Record<string, string> => {
+export const settledHeaders = (exchange: ExchangeView, settled: Settled): Record<string, string> => {
   const ticket = exchange.ticket
   return settled && ticket
     ? quotaHeaders(settled.standing, ticket.rpm, exchange.rowId)
@@ -109,7 +109,7 @@ export const settledHeaders = (exchange: Exchange, settled: Settled): Record<str
 }
 
 /** The `chat.completion` response of a completed exchange, with its receipt and quota headers. */
-export const completionResponse = (exchange: Exchange, answer: Answer, delivery: Delivery) => {
+export const completionResponse = (exchange: ExchangeView, answer: Answer, delivery: Delivery) => {
   const tools = answer.tools.filter(Boolean)
   const wellspring = delivery.receipt
   const body = {
@@ -138,7 +138,7 @@ export const completionResponse = (exchange: Exchange, answer: Answer, delivery:
 }
 
 /** Headers of a stream's 200 response (the standing right after the reservation). */
-export const streamHeaders = (exchange: Exchange): Record<string, string> => {
+export const streamHeaders = (exchange: ExchangeView): Record<string, string> => {
   const ticket = exchange.ticket
   return {
     ...(ticket ? quotaHeaders(ticket.reserved, ticket.rpm, exchange.rowId) : { "x-request-id": String(exchange.rowId) }),
@@ -151,7 +151,7 @@ export const streamHeaders = (exchange: Exchange): Record<string, string> => {
  * SSE framing of one answer: `head` (the role frame), the frames of each batch of events, and `last`, the final
  * data frame (usage, receipt, finish_reason) then `[DONE]`, once the exchange has completed.
  */
-export const sseFraming = (exchange: Exchange): StreamFraming => {
+export const sseFraming = (exchange: ExchangeView, meter: AnswerMeter): StreamFraming => {
   const created = createdSeconds(exchange)
   const id = completionId(exchange)
   const prefix = `data: {"id":"${id}","object":"chat.completion.chunk","created":${created},"model":${
@@ -163,23 +163,23 @@ export const sseFraming = (exchange: Exchange): StreamFraming => {
   const toFrame = (event: UpstreamEvent): string => {
     switch (event._tag) {
       case "Content":
-        exchange.addDelivered(event.text.length)
+        meter.addDelivered(event.text.length)
         return frame(`{"content":${JSON.stringify(event.text)}}`)
       case "Reasoning":
-        exchange.addDelivered(event.text.length)
+        meter.addDelivered(event.text.length)
         return frame(`{"reasoning":${JSON.stringify(event.text)}}`)
       case "ToolCallStart":
         return frame(`{"tool_calls":[{"index":${event.index},"id":${JSON.stringify(event.id)},"type":"function","function":{"name":${
           JSON.stringify(event.name)
         },"arguments":""}}]}`)
       case "ToolCallArgs":
-        exchange.addDelivered(event.fragment.length)
+        meter.addDelivered(event.fragment.length)
         return frame(`{"tool_calls":[{"index":${event.index},"function":{"arguments":${JSON.stringify(event.fragment)}}}]}`)
       case "Finish":
         finish = event.reason
         return ""
       case "Usage":
-        exchange.setUsage(event.usage)
+        meter.setUsage(event.usage)
         return ""
     }
   }

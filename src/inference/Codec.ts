@@ -1,7 +1,8 @@
 /**
  * A wire codec: what one client protocol (chat completions, Anthropic Messages, OpenAI Responses) contributes to
  * the one inference pipeline (Pipeline.ts). The pipeline owns everything else: authentication, the exchange and
- * its row, the catalog gates, admission, the upstream call, settling; a codec only translates at the edge.
+ * its row, the catalog gates, admission, the upstream call, settling; a codec only translates at the edge. It
+ * reads the exchange through `ExchangeView` and counts a stream's output through `AnswerMeter`, nothing more.
  */
 import type { Effect } from "effect"
 import type { HttpServerResponse } from "effect/http"
@@ -10,7 +11,7 @@ import type { GatewayError } from "../errors/Catalog.js"
 import type { UpstreamEvent } from "../upstream/Upstream.js"
 import type { ChatRequest } from "./ChatRequest.js"
 import type { Answer } from "./ChatWire.js"
-import type { Exchange } from "./Exchange.js"
+import type { AnswerMeter, ExchangeView } from "./Exchange.js"
 import type { receipt } from "./Receipt.js"
 
 /** The `wellspring` receipt block of a settled request. */
@@ -41,7 +42,7 @@ export interface Delivery {
 export interface StreamFraming {
   /** Written before the first events. */
   readonly head: string
-  /** The frames of one batch of upstream events (may be empty); counts delivered output on the exchange. */
+  /** The frames of one batch of upstream events (may be empty); counts delivered output and usage on the meter. */
   readonly frames: (events: ReadonlyArray<UpstreamEvent>) => string
   /** The closing frames, once the exchange has settled. */
   readonly last: (receipt: Receipt | null) => string
@@ -60,18 +61,18 @@ export interface WireCodec {
    * The bounded parsed body to the internal request, or the error to answer. An Effect, so a codec may load
    * state (a stored previous response).
    */
-  readonly decode: (body: unknown, exchange: Exchange, limits: LimitsConfig) => Effect.Effect<Decoded, GatewayError>
+  readonly decode: (body: unknown, exchange: ExchangeView, limits: LimitsConfig) => Effect.Effect<Decoded, GatewayError>
   /** The non-stream response of a completed exchange (the body shape is the codec's). */
-  readonly answer: (exchange: Exchange, answer: Answer, delivery: Delivery) => HttpServerResponse.HttpServerResponse
-  /** The framing of a streamed answer. */
-  readonly stream: (exchange: Exchange) => StreamFraming
+  readonly answer: (exchange: ExchangeView, answer: Answer, delivery: Delivery) => HttpServerResponse.HttpServerResponse
+  /** The framing of a streamed answer; its frames count delivered output and usage on `meter`. */
+  readonly stream: (exchange: ExchangeView, meter: AnswerMeter) => StreamFraming
   /** The frame written while the upstream is idle. */
   readonly ping: string
   /**
    * Called with the whole answer once a request succeeded (before the non-stream body, or before a stream's
    * closing frames). Must not fail: what it cannot do it logs.
    */
-  readonly completed?: (exchange: Exchange, answer: Answer) => Effect.Effect<void>
+  readonly completed?: (exchange: ExchangeView, answer: Answer) => Effect.Effect<void>
 }
 
 /** At most this many ignored field names go in the header. */

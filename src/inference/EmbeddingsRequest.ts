@@ -1,17 +1,13 @@
 /**
- * An embeddings request from its body to what is sent upstream: read, parse under the depth guard, decode
- * within `limits`, check the model and measure the input. Also the vector encodings of the answer.
+ * The steps of an embeddings request (Pipeline.ts runs them and records their results): decode within
+ * `limits`, check the model, measure the input. Also the answer: the list shape and its vector encodings.
  */
 import { Effect, Result, Schema } from "effect"
-import type { HttpServerRequest } from "effect/http"
-import { type ByokReference, isByokModel, parseReference } from "../byok/Reference.js"
 import type { LimitsConfig, ModelConfig } from "../config/GatewayConfig.js"
-import { fail, type GatewayError, InferenceMessages } from "../errors/Catalog.js"
-import { readJsonWith } from "../http/Body.js"
+import { fail, GatewayError, InferenceMessages } from "../errors/Catalog.js"
+import { json } from "../http/Respond.js"
 import { Bounded } from "../wire/ChatSchemas.js"
 import { describeDecodeFailure, MODEL_CHARS, NOT_AN_OBJECT, tooLong } from "./ChatRequest.js"
-import type { Exchange } from "./Exchange.js"
-import { modelIdOfBody } from "./JsonGuard.js"
 import { exceedsLimit } from "./Tokens.js"
 
 /** Output dimension fixed by the spec. */
@@ -70,71 +66,85 @@ export const decodeEmbeddingsRequest = (
 /** A request for a catalog embedding model, ready for admission and dispatch. */
 export interface PoolEmbeddings {
   readonly _tag: "Pool"
-  readonly request: EmbeddingsRequest
   readonly model: ModelConfig
+  /** The input estimate (the row's, and what admission reserves). */
+  readonly estimatedInput: number
   readonly inputs: ReadonlyArray<string>
 }
 
 /** A request through the caller's credential: the provider's model id verbatim. */
 export interface ByokEmbeddings {
   readonly _tag: "Byok"
-  readonly request: EmbeddingsRequest
-  readonly reference: ByokReference
+  /** The input estimate (the row's; BYOK admission reserves nothing). */
+  readonly estimatedInput: number
   readonly inputs: ReadonlyArray<string>
 }
 
-export type PreparedEmbeddings = PoolEmbeddings | ByokEmbeddings
-
 const inputsOf = (req: EmbeddingsRequest): ReadonlyArray<string> => (typeof req.input === "string" ? [req.input] : req.input)
 
-/** The checks of a catalog model (also a BYOK request's fallback): `model_not_found`, `model_not_embedding`, size. */
+const bytesOf = (inputs: ReadonlyArray<string>): number => inputs.reduce((n, s) => n + Buffer.byteLength(s), 0)
+
+/** The model step: the catalog model an embeddings request may use, or the refusal (`model_not_found`, `model_not_embedding`). */
+export const checkEmbeddingsModel = (model: ModelConfig | undefined): ModelConfig | GatewayError => {
+  if (!model || model.disabled) return fail("model_not_found")
+  if (!model.supports_embeddings) return fail("model_not_embedding")
+  return model
+}
+
+/** The size step on a catalog model that passed `checkEmbeddingsModel`: `input_too_long`. */
+export const embeddingsOnModel = (req: EmbeddingsRequest, model: ModelConfig): Effect.Effect<PoolEmbeddings, GatewayError> => {
+  const inputs = inputsOf(req)
+  return Effect.flatMap(
+    exceedsLimit({ bytes: bytesOf(inputs), images: 0, texts: inputs }, model.max_input_tokens),
+    ({ exceeds, tokens }) =>
+      exceeds
+        ? Effect.fail(fail("input_too_long"))
+        : Effect.succeed({ _tag: "Pool", model, estimatedInput: tokens, inputs } as const)
+  )
+}
+
+/** Both steps at once: a BYOK request's fallback to its pool model. */
 export const embeddingsForModel = (
-  exchange: Exchange,
   req: EmbeddingsRequest,
   model: ModelConfig | undefined
 ): Effect.Effect<PoolEmbeddings, GatewayError> => {
-  if (!model || model.disabled) return Effect.fail(fail("model_not_found"))
-  if (!model.supports_embeddings) return Effect.fail(fail("model_not_embedding"))
-  exchange.resolveModel(model.id)
-  const inputs = inputsOf(req)
-  const bytes = inputs.reduce((n, s) => n + Buffer.byteLength(s), 0)
-  return Effect.flatMap(exceedsLimit({ bytes, images: 0, texts: inputs }, model.max_input_tokens), ({ exceeds, tokens }) => {
-    if (exceeds) return Effect.fail(fail("input_too_long"))
-    exchange.setEstimatedInput(tokens)
-    return Effect.succeed({ _tag: "Pool", request: req, model, inputs } as const)
-  })
+  const checked = checkEmbeddingsModel(model)
+  return checked instanceof GatewayError ? Effect.fail(checked) : embeddingsOnModel(req, checked)
 }
 
-const byokEmbeddings = (exchange: Exchange, req: EmbeddingsRequest): Effect.Effect<ByokEmbeddings, GatewayError> => {
-  const reference = parseReference(req.model)
-  if (reference === null) return Effect.fail(fail("model_not_found", { message: InferenceMessages.byokBadReference }))
-  exchange.resolveModel(req.model)
+/** The size step of a BYOK request (after its reference parsed): the input measured for the row. */
+export const embeddingsThroughCredential = (req: EmbeddingsRequest): Effect.Effect<ByokEmbeddings> => {
   const inputs = inputsOf(req)
-  const bytes = inputs.reduce((n, s) => n + Buffer.byteLength(s), 0)
-  return Effect.map(exceedsLimit({ bytes, images: 0, texts: inputs }, Number.MAX_SAFE_INTEGER), ({ tokens }) => {
-    exchange.setEstimatedInput(tokens)
-    return { _tag: "Byok", request: req, reference, inputs } as const
-  })
+  return Effect.map(
+    exceedsLimit({ bytes: bytesOf(inputs), images: 0, texts: inputs }, Number.MAX_SAFE_INTEGER),
+    ({ tokens }) => ({ _tag: "Byok", estimatedInput: tokens, inputs } as const)
+  )
 }
 
 /**
- * Reads and checks an embeddings request (after authentication and the account gates), noting on the exchange
- * what its row records: `model_not_found`, `model_not_embedding`, `input_too_long`.
+ * The OpenAI list shape; vectors of catalog models fitted to the spec's fixed size, BYOK vectors as they came.
+ * `model` is the model that answered (a BYOK request that fell back names the pool model).
  */
-export const prepareEmbeddings = (
-  request: HttpServerRequest.HttpServerRequest,
-  exchange: Exchange,
-  limits: LimitsConfig,
-  /** The catalog model a client's `model` names (aliases resolved). */
-  lookup: (id: string) => ModelConfig | undefined
-): Effect.Effect<PreparedEmbeddings, GatewayError> =>
-  Effect.flatMap(readJsonWith(request, limits), (body): Effect.Effect<PreparedEmbeddings, GatewayError> => {
-      exchange.requestedModel(modelIdOfBody(body))
-      const decoded = decodeEmbeddingsRequest(body, limits)
-      if (Result.isFailure(decoded)) return Effect.fail(decoded.failure)
-      const req = decoded.success
-      return isByokModel(req.model) ? byokEmbeddings(exchange, req) : embeddingsForModel(exchange, req, lookup(req.model))
-    })
+export const embeddingsAnswer = (
+  rowId: number,
+  model: string,
+  req: EmbeddingsRequest,
+  result: { readonly vectors: ReadonlyArray<ReadonlyArray<number>>; readonly prompt_tokens: number },
+  fitted: boolean
+) =>
+  json({
+    object: "list",
+    data: result.vectors.map((v, index) => {
+      const vector = fitted ? fit(v) : v
+      return {
+        object: "embedding",
+        index,
+        embedding: req.encoding_format === "base64" ? toBase64Float32(vector) : vector
+      }
+    }),
+    model,
+    usage: { prompt_tokens: result.prompt_tokens, total_tokens: result.prompt_tokens }
+  }, 200, { "x-request-id": String(rowId) })
 
 /** `encoding_format: "base64"`: the vector as little-endian float32, base64-encoded (what the openai SDK decodes). */
 export const toBase64Float32 = (vector: ReadonlyArray<number>): string => {

@@ -1,9 +1,16 @@
 /**
- * One inference request's lifecycle (chat completions, embeddings): opened in the request's scope, it holds
- * what the request accumulates (model, sizes, timings, delivered output, usage, the admission ticket) and ends
- * with exactly one completion -- success, failed or cancelled -- that settles or refunds the ticket, releases
- * its slot and records the request row. State changes only through its methods; whoever completes first wins,
- * later completions are no-ops.
+ * One inference request's record and lifecycle (chat completions on every wire, embeddings, images): opened in
+ * the request's scope, it ends with exactly one completion -- success, failed or cancelled -- that settles or
+ * refunds the admission ticket, releases its slot, records the request row and closes its scope. Whoever
+ * completes first wins; later completions are no-ops.
+ *
+ * What it holds comes in three ways, each through its own door:
+ * - the results of the pipeline's steps (requested and resolved model, description, input estimate, route,
+ *   fallback), recorded by the pipeline alone (Pipeline.ts, and `exchangeHandler` here for the route's own);
+ * - what accumulates while the upstream call runs and the answer flows, through `AnswerMeter` (the answer
+ *   writers, the deployment router, the image job);
+ * - the ticket, through `admit`.
+ * Codecs and answer writers read it through `ExchangeView`.
  */
 import { Cause, Clock, Context, Effect, Exit, Option, Scope, type Tracer } from "effect"
 import { HttpServerRequest, HttpServerResponse } from "effect/http"
@@ -16,6 +23,7 @@ import type { Admission, AdmitInput, Standing, Ticket } from "../quota/Admission
 import { RequestLog } from "../telemetry/RequestLog.js"
 import { type Completion, requestRow, type RowSource, tokensPerSecond } from "../telemetry/RequestRow.js"
 import { CurrentTelemetry, type Operation, type Series, type Telemetry } from "../telemetry/Telemetry.js"
+import type { AttemptObserver } from "../deployments/Router.js"
 import type { Usage } from "../upstream/Upstream.js"
 import { UNKNOWN_MODEL_ID } from "./JsonGuard.js"
 import { isUpstreamFailure } from "../upstream/Failure.js"
@@ -31,7 +39,47 @@ const CANCELLED: Completion = { status: "cancelled" }
 
 type Log = Context.Service.Shape<typeof RequestLog>
 
-export class Exchange implements RowSource {
+/** What codecs and answer writers read of a request; nothing here changes it. */
+export interface ExchangeView {
+  readonly caller: Caller
+  readonly accountId: string
+  readonly rowId: number
+  readonly requestId: string
+  readonly createdAt: Date
+  /** The model the row records: the body's, then the resolved one (the pool model after a fallback). */
+  readonly modelId: string
+  /** The input estimate that admission reserves. */
+  readonly estimatedInput: number
+  /** The admission ticket, once admitted. */
+  readonly ticket: Ticket | null
+  /** Usage to charge: the upstream's figures, else an estimate of what was delivered. */
+  chargeable(): Usage
+}
+
+/**
+ * What accumulates while the upstream call runs and its answer flows: the dispatch, first-byte and first-event
+ * times, the output delivered, the upstream's usage, the deployment router's attempts. The only way the answer
+ * writers (`accumulate`, a codec's stream framing), the deployment router and the image job change the exchange.
+ */
+export interface AnswerMeter extends AttemptObserver {
+  /** The upstream request (or image job) was sent. */
+  markDispatched(): void
+  /** The answer's first byte is ready (a whole answer: when it came). */
+  markFirstByte(): void
+  /** The first upstream events are being written (a stream's time to first token). */
+  markFirstEvent(): void
+  /** Characters of output handed to the client (content, reasoning, tool arguments). */
+  addDelivered(chars: number): void
+  /** The upstream's usage figures (what is charged). */
+  setUsage(usage: Usage): void
+}
+
+/** Admission into the exchange's scope, where the ticket and its slot live. */
+export interface Admitter {
+  admit(admission: Context.Service.Shape<typeof Admission>, input: AdmitInput): Effect.Effect<Ticket, GatewayError>
+}
+
+export class Exchange implements RowSource, ExchangeView, AnswerMeter, Admitter {
   readonly startedAt = performance.now()
 
   #modelId = UNKNOWN_MODEL_ID
@@ -181,24 +229,53 @@ export class Exchange implements RowSource {
     return counted ? tokensPerSecond(counted.completion_tokens, this.generationMs(this.#endedAt)) : 0
   }
 
-  // ----- state changes
+  /** Milliseconds of upstream generation up to `now` (see `tokensPerSecond`); null if never dispatched. */
+  generationMs(now: number): number | null {
+    const first = this.#firstEventAt
+    const from = this.#stream && first !== null && now - first >= MIN_STREAM_SPAN_MS ? first : this.#dispatchedAt
+    return from === null ? null : now - from
+  }
+
+  chargeable(): Usage {
+    return this.#usage ?? {
+      prompt_tokens: this.#estimatedInput,
+      completion_tokens: Math.ceil(this.#deliveredChars / 4),
+      reasoning_tokens: 0,
+      cached_tokens: 0
+    }
+  }
+
+  // ----- step results, recorded by the pipeline alone (Pipeline.ts; `exchangeHandler` for the route's own)
 
   /** The body's bounded `model`, recorded while the request has not resolved it to a catalog model. */
   requestedModel(modelId: string): void {
     this.#modelId = modelId
   }
 
-  /** The catalog model the request resolved to. */
+  /** The request came in on another client protocol than its operation's own (Messages, Responses). */
+  setApi(api: string): void {
+    this.#api = api
+  }
+
+  describe(request: { readonly stream: boolean; readonly hadTools: boolean; readonly toolChoice: string | null }): void {
+    this.#stream = request.stream
+    this.#hadTools = request.hadTools
+    this.#toolChoice = request.toolChoice
+  }
+
+  /** The catalog model (or credential reference) the request resolved to. */
   resolveModel(modelId: string): void {
     this.#modelId = modelId
   }
 
-  /**
-   * The provider the request is sent to (recorded once every check before admission passed). A BYOK request that
-   * falls back keeps its credential's provider.
-   */
+  /** The input estimate that admission reserves, and that is charged when the upstream reports no usage. */
+  setEstimatedInput(tokens: number): void {
+    this.#estimatedInput = tokens
+  }
+
+  /** The pool request goes to `provider` (its model's first deployment's). */
   routeTo(provider: string): void {
-    if (!this.#byok) this.#provider = provider
+    this.#provider = provider
   }
 
   /** The request goes through the caller's credential of `provider` (the row's `byok` and `provider`). */
@@ -209,9 +286,10 @@ export class Exchange implements RowSource {
 
   /**
    * A BYOK request falls back to the pool model `modelId`, before anything was delivered: the row records that
-   * model and `fell_back`, keeping the credential's provider. The BYOK ticket is given back (its RPM count stays).
+   * model, its input estimate and `fell_back`, keeping the credential's provider. The BYOK ticket is given back
+   * (its RPM count stays).
    */
-  fallBack(modelId: string): Effect.Effect<void> {
+  fallBack(modelId: string, estimatedInput: number): Effect.Effect<void> {
     return Effect.suspend(() => {
       this.#release()
       if (this.#upstreamSpan !== null) {
@@ -220,6 +298,7 @@ export class Exchange implements RowSource {
       }
       this.#fellBack = true
       this.#modelId = modelId
+      this.#estimatedInput = estimatedInput
       this.#dispatchedAt = null
       this.#firstEventAt = null
       const ticket = this.#ticket
@@ -228,26 +307,12 @@ export class Exchange implements RowSource {
     })
   }
 
-  /** The request came in on another client protocol than its operation's own (Messages, Responses). */
-  setApi(api: string): void {
-    this.#api = api
-  }
+  // ----- the meter (AnswerMeter)
 
   /** One more upstream attempt, sent to `deployment` (failover makes several). */
   attempt(deployment: string): void {
     this.#deployment = deployment
     this.#attempts += 1
-  }
-
-  describe(request: { readonly stream: boolean; readonly hadTools: boolean; readonly toolChoice: string | null }): void {
-    this.#stream = request.stream
-    this.#hadTools = request.hadTools
-    this.#toolChoice = request.toolChoice
-  }
-
-  /** The input estimate that admission reserves, and that is charged when the upstream reports no usage. */
-  setEstimatedInput(tokens: number): void {
-    this.#estimatedInput = tokens
   }
 
   markDispatched(): void {
@@ -272,32 +337,15 @@ export class Exchange implements RowSource {
     this.markFirstByte()
   }
 
-  /** Characters of output handed to the client (content, reasoning, tool arguments). */
   addDelivered(chars: number): void {
     this.#deliveredChars += chars
   }
 
-  /** The upstream's usage figures (what is charged). */
   setUsage(usage: Usage): void {
     this.#usage = usage
   }
 
-  /** Milliseconds of upstream generation up to `now` (see `tokensPerSecond`); null if never dispatched. */
-  generationMs(now: number): number | null {
-    const first = this.#firstEventAt
-    const from = this.#stream && first !== null && now - first >= MIN_STREAM_SPAN_MS ? first : this.#dispatchedAt
-    return from === null ? null : now - from
-  }
-
-  /** Usage to charge: the upstream's figures, else an estimate of what was delivered. */
-  chargeable(): Usage {
-    return this.#usage ?? {
-      prompt_tokens: this.#estimatedInput,
-      completion_tokens: Math.ceil(this.#deliveredChars / 4),
-      reasoning_tokens: 0,
-      cached_tokens: 0
-    }
-  }
+  // ----- admission
 
   /** Reserves through admission; the ticket (and its slot) lives in this exchange's scope. */
   admit(admission: Context.Service.Shape<typeof Admission>, input: AdmitInput): Effect.Effect<Ticket, GatewayError> {
@@ -365,21 +413,21 @@ export class Exchange implements RowSource {
       const usage = this.chargeable()
       const delivered = completion.status === "success" || this.#deliveredChars > 0 || this.#usage !== null
       const ticket = this.#ticket
-      const settle: Effect.Effect<Settled> = ticket === null
+      const settleUsage = usage.cached_tokens > 0
+        ? { inputTokens: usage.prompt_tokens, cachedInputTokens: usage.cached_tokens, outputTokens: usage.completion_tokens }
+        : { inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens }
+      // Settled on the spot when the backend can (in-process admission, account idle): the row is recorded in
+      // this same step and only the scope's close remains.
+      const now = delivered && ticket !== null && ticket.settleNow !== undefined && !this.telemetry.tracing
+        ? this.#settleNow(ticket.settleNow, settleUsage)
+        : undefined
+      const settle: Effect.Effect<Settled> = now !== undefined
+        ? now
+        : ticket === null
         ? Effect.succeed(null)
         : this.#timed(
           delivered ? "settle" : "refund",
-          delivered
-            ? ticket.settle(
-              usage.cached_tokens > 0
-                ? {
-                  inputTokens: usage.prompt_tokens,
-                  cachedInputTokens: usage.cached_tokens,
-                  outputTokens: usage.completion_tokens
-                }
-                : { inputTokens: usage.prompt_tokens, outputTokens: usage.completion_tokens }
-            )
-            : Effect.as(ticket.refund, null)
+          delivered ? ticket.settle(settleUsage) : Effect.as(ticket.refund, null)
         )
       const error = completion.status === "failed" ? completion.error : undefined
       // The row's `error` is shown to the account (`recentRequests`): a server-side failure records its code and
@@ -388,19 +436,36 @@ export class Exchange implements RowSource {
       // (the answer never says whether a name resolved, nor to what).
       const detailIsPrivate = error !== undefined && error.detail !== undefined &&
         (error.status >= 500 || isUpstreamFailure(error) || error.code === "address_not_allowed")
-      return (detailIsPrivate ? Effect.logWarning("request failed", error.detail) : Effect.void).pipe(
-        Effect.andThen(settle),
-        Effect.map((settled) => {
-          this.#endedAt = performance.now()
-          this.#counted = delivered ? usage : null
-          this.#weighted = settled?.weighted ?? 0
-          this.log.record(requestRow(this, completion, detailIsPrivate))
-          if (this.telemetry.enabled) this.#report(completion, settled)
-          return settled
-        }),
-        Effect.ensuring(Scope.close(this.scope, Exit.void))
+      const record = (settled: Settled): Settled => {
+        this.#endedAt = performance.now()
+        this.#counted = delivered ? usage : null
+        this.#weighted = settled?.weighted ?? 0
+        this.log.record(requestRow(this, completion, detailIsPrivate))
+        if (this.telemetry.enabled) this.#report(completion, settled)
+        return settled
+      }
+      const close = Scope.close(this.scope, Exit.void)
+      if (!detailIsPrivate && Exit.isExit(settle)) {
+        const exit = settle as Exit.Exit<Settled>
+        if (Exit.isSuccess(exit)) return Effect.as(close, record(exit.value))
+      }
+      return (detailIsPrivate ? Effect.andThen(Effect.logWarning("request failed", error.detail), settle) : settle).pipe(
+        Effect.map(record),
+        Effect.ensuring(close)
       )
     })
+  }
+
+  /** `settleNow`, timed for the quota-store metric when it completed on the spot; otherwise as `#timed`. */
+  #settleNow(
+    settleNow: NonNullable<Ticket["settleNow"]>,
+    usage: Parameters<NonNullable<Ticket["settleNow"]>>[0]
+  ): Effect.Effect<Settled> {
+    const started = this.telemetry.enabled ? performance.now() : 0
+    const settled = settleNow(usage)
+    if (!Exit.isExit(settled)) return this.#timed("settle", settled)
+    if (this.telemetry.enabled) this.telemetry.storeTrip("settle", performance.now() - started)
+    return settled
   }
 
   /** Settle or refund, timed for the quota-store metric and traced. */
@@ -478,13 +543,15 @@ export const finishing = <R>(
   render: Renderer = renderInference
 ) =>
   run.pipe(
-    Effect.tapCause((cause) => {
-      const error = failureOf(cause)
-      return error ? exchange.fail(error) : Effect.void
+    // Two steps on every request (the completion of a failure, then the answer to an error), not four.
+    Effect.onExit((exit) => {
+      if (exit._tag === "Success") return Effect.void
+      const error = failureOf(exit.cause)
+      return error ? exchange.fail(error) : Cause.hasInterrupts(exit.cause) ? exchange.cancel() : Effect.void
     }),
-    Effect.onInterrupt(() => exchange.cancel()),
-    Effect.tapError((error) => recordFailure(exchange.caller, error)),
-    Effect.catch((error) => Effect.succeed(renderWithRow(render, error, exchange.rowId)))
+    Effect.catch((error) =>
+      Effect.as(recordFailure(exchange.caller, error), renderWithRow(render, error, exchange.rowId))
+    )
   )
 
 export interface ExchangeRouteOptions<RA = never> {

@@ -1,35 +1,53 @@
 /**
- * The life of one inference request, whatever wire it came in on (chat completions, Anthropic Messages, OpenAI
- * Responses), top to bottom; the wire codec (Codec.ts) translates at the edges:
+ * The life of one inference request, top to bottom: chat on every wire (chat completions, Anthropic Messages,
+ * OpenAI Responses; the wire codec, Codec.ts, translates at the edges) and embeddings, in the order of checks
+ * (ARCHITECTURE §5):
  *
- * 1. `exchangeRoute`: the key (`Authorization: Bearer`, or `x-api-key` for a codec that asks), the failed-request
- *    guard, the exchange (from here every outcome leaves a request row), the account gates;
- * 2. the body, read under the body bounds (http/Body.ts), decoded by the codec into the internal `ChatRequest`;
- * 3. the model (aliases resolved), its capability gates and `input_too_long` (ChatPrepare.ts);
- * 4. admission (RPM, quotas, in-flight cap) -- or, for a `@provider/...` model, the caller's credential
- *    (ByokRoute.ts);
+ * 1. `exchangeHandler` (Exchange.ts): the key (`Authorization: Bearer`, or `x-api-key` for a codec that asks),
+ *    the failed-request guard, the exchange (from here every outcome leaves a request row), the account gates;
+ * 2. the body, read under the body bounds (http/Body.ts), and decoded (a chat request by the codec, into the
+ *    internal `ChatRequest`);
+ * 3. the model (aliases resolved; `@provider/...` is a credential reference), its capability gates, the size and
+ *    `input_too_long` (ChatPrepare.ts, EmbeddingsRequest.ts);
+ * 4. admission (RPM, quotas, in-flight cap) -- or, for a `@provider/...` model, the caller's credential, then
+ *    its fallback to a pool model (ByokRoute.ts, Plan.ts);
  * 5. the upstream call through `adapterFor`, answered whole (the codec's `answer`) or streamed (the codec's
  *    framing on SseBody.ts), the exchange completing once, whichever way this ends.
+ *
+ * Each step returns its result and this module records it on the exchange, as the steps run: the body's model,
+ * the description (stream, tools, tool_choice), the resolved model, the input estimate, the route (provider,
+ * BYOK, fallback). Steps and codecs do not change those themselves. While the answer flows, the answer writers
+ * and the deployment router count through the exchange's `AnswerMeter`; codecs read it through `ExchangeView`.
  */
-import { Context, Effect } from "effect"
-import { HttpRouter, type HttpServerRequest } from "effect/http"
+import { Context, Effect, Result } from "effect"
+import { HttpRouter, type HttpServerRequest, type HttpServerResponse } from "effect/http"
 import { type ModelConfig, type PlanConfig, primaryDeployment } from "../config/GatewayConfig.js"
 import { type CatalogView, LiveCatalog, Settings } from "../config/Live.js"
-import type { GatewayError } from "../errors/Catalog.js"
+import { GatewayError } from "../errors/Catalog.js"
+import { renderInference } from "../errors/Render.js"
 import { readJsonWith } from "../http/Body.js"
 import { Admission } from "../quota/Admission.js"
 import { completeChat } from "../upstream/Complete.js"
 import type { UpstreamAdapter, UpstreamError, UpstreamRequest } from "../upstream/Upstream.js"
 import { Deployments } from "../deployments/Router.js"
-import { isByokModel } from "../byok/Reference.js"
+import { isByokModel, parseReference } from "../byok/Reference.js"
 import type { ReasoningEffort } from "../wire/ChatSchemas.js"
-import { runByok } from "./ByokRoute.js"
+import { byokSteps } from "./ByokRoute.js"
 import { runPlan, type Step } from "./Plan.js"
 import type { ChatRequest } from "./ChatRequest.js"
-import { type PoolChat, prepareForModel, prepareRequest } from "./ChatPrepare.js"
+import { badReference, chatForModel, chatOnModel, chatThroughCredential, checkModel, describeChat } from "./ChatPrepare.js"
 import { accumulate, emptyAnswer, foldEvents, safeReceipt, settledHeaders, streamHeaders } from "./ChatWire.js"
 import type { Decoded, WireCodec } from "./Codec.js"
-import { type Exchange, exchangeHandler, exchangeServicesOf } from "./Exchange.js"
+import {
+  checkEmbeddingsModel,
+  decodeEmbeddingsRequest,
+  embeddingsAnswer,
+  embeddingsForModel,
+  embeddingsOnModel,
+  type EmbeddingsRequest,
+  embeddingsThroughCredential
+} from "./EmbeddingsRequest.js"
+import { type AnswerMeter, type Exchange, exchangeHandler, exchangeServicesOf } from "./Exchange.js"
 import type { Auth } from "../auth/Auth.js"
 import type { FailedRequests } from "../http/FailedRequests.js"
 import type { RequestLog } from "../telemetry/RequestLog.js"
@@ -39,16 +57,24 @@ import { upstreamFailure } from "../upstream/Failure.js"
 
 type MapFailure = (error: UpstreamError) => GatewayError
 
+/** The app's services the pipeline uses, resolved once per router (`postOnce`). */
+interface PipelineServices {
+  readonly catalog: Context.Service.Shape<typeof LiveCatalog>
+  readonly settings: Context.Service.Shape<typeof Settings>
+  readonly admission: Context.Service.Shape<typeof Admission>
+  readonly deployments: Context.Service.Shape<typeof Deployments>
+}
+
 /**
  * The adapter that serves a catalog model: the deployment router (balanced over the model's deployments, with
- * failover before the first byte; attempts recorded on the exchange). The one place the pool path picks its
+ * failover before the first byte; its attempts counted on the meter). The one place the pool path picks its
  * upstream.
  */
 export const adapterFor = (
   deployments: Context.Service.Shape<typeof Deployments>,
   model: ModelConfig,
-  exchange: Exchange
-): UpstreamAdapter => deployments.forModel(model, exchange)
+  meter: AnswerMeter
+): UpstreamAdapter => deployments.forModel(model, meter)
 
 /** The catalog model a client's `model` names: a model id, else an alias of one (`catalog.aliases`). */
 export const lookupModel = (view: CatalogView, id: string): ModelConfig | undefined => {
@@ -98,26 +124,43 @@ const extraHeaders = (decoded: Decoded): Record<string, string> =>
     ? { "x-wellspring-ignored-fields": decoded.ignored.join(", ") }
     : {}
 
-/** The step of a catalog model (Plan.ts): routed to its first deployment's provider for the row, admitted. */
-export const poolStep = <A, R>(
+// ----- step 4, shared by chat and embeddings
+
+/** A catalog model's admission against the pools; the ticket lives on the exchange. */
+const admitToPool = (
   exchange: Exchange,
   admission: Context.Service.Shape<typeof Admission>,
   plan: PlanConfig,
-  model: ModelConfig,
+  model: ModelConfig
+) =>
+  exchange.admit(admission, {
+    accountId: exchange.caller.account.id,
+    plan,
+    model,
+    estimatedInputTokens: exchange.estimatedInput,
+    byok: false
+  })
+
+/**
+ * The step a BYOK request falls back to (ByokRoute.ts), for the request prepared on its pool model: recorded as
+ * the fallback (row: `fell_back`, the pool model and its input estimate; the credential's provider stays), then
+ * admitted as a pool request.
+ */
+const fallbackStep = <A, R>(
+  exchange: Exchange,
+  admission: Context.Service.Shape<typeof Admission>,
+  plan: PlanConfig,
+  prepared: { readonly model: ModelConfig; readonly estimatedInput: number },
   run: Effect.Effect<A, GatewayError, R>
 ): Step<A, R> => ({
-  admit: Effect.suspend(() => {
-    exchange.routeTo(primaryDeployment(model).provider)
-    return Effect.asVoid(exchange.admit(admission, {
-      accountId: exchange.caller.account.id,
-      plan,
-      model,
-      estimatedInputTokens: exchange.estimatedInput,
-      byok: false
-    }))
-  }),
+  admit: Effect.andThen(
+    exchange.fallBack(prepared.model.id, prepared.estimatedInput),
+    Effect.suspend(() => Effect.asVoid(admitToPool(exchange, admission, plan, prepared.model)))
+  ),
   run
 })
+
+// ----- step 5 of a chat request
 
 /** What every answer of one request is written with: its codec, exchange, plan and extra headers. */
 interface Answering {
@@ -154,7 +197,8 @@ const streamed = (
 ) =>
   Effect.gen(function*() {
     const context = yield* Effect.context<never>()
-    const framing = codec.stream(exchange)
+    // The same exchange, read through its view and counted through its meter.
+    const framing = codec.stream(exchange, exchange)
     // A codec that keeps the finished answer gets a copy of the events folded alongside the frames.
     const hook = codec.completed
     const kept = hook === undefined ? null : emptyAnswer()
@@ -190,86 +234,214 @@ const streamed = (
     return yield* sseResponse(body, { ...streamHeaders(exchange), ...extra })
   })
 
-/** Runs one request of `codec` on an opened exchange (step 2 on). */
-const run = (
+const respond = (answering: Answering, adapter: UpstreamAdapter, request: UpstreamRequest, mapFailure: MapFailure) =>
+  request.stream ? streamed(answering, adapter, request, mapFailure) : complete(answering, adapter, request, mapFailure)
+
+// ----- the two lives
+
+/** One chat request of `codec` on an opened exchange (steps 2 to 5), each step's result recorded as it comes. */
+const runChat = (
   codec: WireCodec,
   exchange: Exchange,
   request: HttpServerRequest.HttpServerRequest,
-  services: {
-    readonly catalog: Context.Service.Shape<typeof LiveCatalog>
-    readonly settings: Context.Service.Shape<typeof Settings>
-    readonly admission: Context.Service.Shape<typeof Admission>
-    readonly deployments: Context.Service.Shape<typeof Deployments>
-  }
+  { admission, catalog, deployments, settings }: PipelineServices
 ) =>
   Effect.gen(function*() {
-    const { admission, catalog, deployments, settings } = services
-    const caller = exchange.caller
-    const plan = settings.planFor(caller.account.plan)
+    const plan = settings.planFor(exchange.caller.account.plan)
     const limits = settings.config.limits
 
+    // 2. The body; its decoding; the description.
     const body = yield* readJsonWith(request, limits)
     exchange.requestedModel(modelIdOfBody(body))
     const decoded = yield* codec.decode(body, exchange, limits)
+    const view = catalog.current()
+    const req = settleEffort(decoded, view)
+    exchange.describe(describeChat(req))
     const answering: Answering = { codec, exchange, plan, extra: extraHeaders(decoded) }
 
-    const respond = (adapter: UpstreamAdapter, upstream: UpstreamRequest, mapFailure: MapFailure) =>
-      upstream.stream
-        ? streamed(answering, adapter, upstream, mapFailure)
-        : complete(answering, adapter, upstream, mapFailure)
+    if (isByokModel(req.model)) {
+      // 3. The credential reference; the size.
+      const reference = parseReference(req.model)
+      if (reference === null) return yield* Effect.fail(badReference())
+      exchange.resolveModel(req.model)
+      const prepared = yield* chatThroughCredential(req, reference)
+      exchange.setEstimatedInput(prepared.estimatedInput)
+      // 4. The credential, then its fallback to a pool model; 5. the call.
+      const byok = yield* byokSteps(exchange, reference, {
+        attempt: (adapter, mapFailure) => respond(answering, adapter, prepared.upstream, mapFailure),
+        fallback: (model) =>
+          Effect.map(chatForModel(req, model), (pool) =>
+            fallbackStep(
+              exchange,
+              admission,
+              plan,
+              pool,
+              respond(answering, adapterFor(deployments, pool.model, exchange), pool.upstream, upstreamFailure)
+            ))
+      })
+      exchange.routeByok(byok.provider)
+      return yield* runPlan(byok.steps)
+    }
 
-    /** A catalog model's step: admitted against the pools, sent to its deployments. */
-    const pooled = ({ model, upstream }: PoolChat) =>
-      poolStep(exchange, admission, plan, model, respond(adapterFor(deployments, model, exchange), upstream, upstreamFailure))
-
-    const view = catalog.current()
-    const prepared = yield* prepareRequest(exchange, settleEffort(decoded, view), (id) => lookupModel(view, id))
-    if (prepared._tag === "Pool") return yield* runPlan([() => Effect.succeed(pooled(prepared))])
-    return yield* runByok(exchange, caller, prepared.reference, {
-      attempt: (adapter, mapFailure) => respond(adapter, prepared.upstream, mapFailure),
-      fallback: (model) => Effect.map(prepareForModel(exchange, prepared.request, model), pooled)
-    })
+    // 3. The catalog model and its gates; the size.
+    const checked = checkModel(req, lookupModel(view, req.model))
+    if (Result.isFailure(checked)) return yield* Effect.fail(checked.failure)
+    exchange.resolveModel(checked.success.model.id)
+    const prepared = yield* chatOnModel(req, checked.success)
+    exchange.setEstimatedInput(prepared.estimatedInput)
+    // 4. Admission, routed to the model's first deployment's provider; 5. the call.
+    exchange.routeTo(primaryDeployment(prepared.model).provider)
+    yield* admitToPool(exchange, admission, plan, prepared.model)
+    return yield* respond(answering, adapterFor(deployments, prepared.model, exchange), prepared.upstream, upstreamFailure)
   })
 
-/** What a pipeline route requires of the app: its services, resolved once per router (see `pipelineRoute`). */
+/**
+ * Step 5 of an embeddings request: one call, the exchange completed with its usage, the list answer. `pool` is the
+ * catalog model that answers (vectors fitted, named by its id); null through a credential (vectors as they came,
+ * named as requested).
+ */
+const embed = (
+  exchange: Exchange,
+  req: EmbeddingsRequest,
+  adapter: UpstreamAdapter,
+  upstreamModel: string,
+  inputs: ReadonlyArray<string>,
+  mapFailure: MapFailure,
+  pool: ModelConfig | null
+) =>
+  Effect.gen(function*() {
+    exchange.markDispatched()
+    const result = yield* adapter.embed(upstreamModel, inputs).pipe(Effect.mapError(mapFailure))
+    exchange.setUsage({ prompt_tokens: result.prompt_tokens, completion_tokens: 0, reasoning_tokens: 0, cached_tokens: 0 })
+    exchange.markFirstByte()
+    yield* exchange.succeed()
+    return embeddingsAnswer(exchange.rowId, pool === null ? req.model : pool.id, req, result, pool !== null)
+  })
+
+/** The embeddings call on a catalog model, through its deployments. */
+const embedOnPool = (
+  exchange: Exchange,
+  req: EmbeddingsRequest,
+  deployments: Context.Service.Shape<typeof Deployments>,
+  prepared: { readonly model: ModelConfig; readonly inputs: ReadonlyArray<string> }
+) =>
+  embed(
+    exchange,
+    req,
+    adapterFor(deployments, prepared.model, exchange),
+    primaryDeployment(prepared.model).model,
+    prepared.inputs,
+    upstreamFailure,
+    prepared.model
+  )
+
+/** One embeddings request on an opened exchange (steps 2 to 5), each step's result recorded as it comes. */
+const runEmbeddings = (
+  exchange: Exchange,
+  request: HttpServerRequest.HttpServerRequest,
+  { admission, catalog, deployments, settings }: PipelineServices
+) =>
+  Effect.gen(function*() {
+    const plan = settings.planFor(exchange.caller.account.plan)
+    const limits = settings.config.limits
+
+    // 2. The body; its decoding.
+    const body = yield* readJsonWith(request, limits)
+    exchange.requestedModel(modelIdOfBody(body))
+    const decoded = decodeEmbeddingsRequest(body, limits)
+    if (Result.isFailure(decoded)) return yield* Effect.fail(decoded.failure)
+    const req = decoded.success
+
+    if (isByokModel(req.model)) {
+      // 3. The credential reference; the size.
+      const reference = parseReference(req.model)
+      if (reference === null) return yield* Effect.fail(badReference())
+      exchange.resolveModel(req.model)
+      const prepared = yield* embeddingsThroughCredential(req)
+      exchange.setEstimatedInput(prepared.estimatedInput)
+      // 4. The credential, then its fallback to a pool model; 5. the call.
+      const byok = yield* byokSteps(exchange, reference, {
+        attempt: (adapter, mapFailure) => embed(exchange, req, adapter, reference.model, prepared.inputs, mapFailure, null),
+        fallback: (model) =>
+          Effect.map(embeddingsForModel(req, model), (pool) =>
+            fallbackStep(exchange, admission, plan, pool, embedOnPool(exchange, req, deployments, pool)))
+      })
+      exchange.routeByok(byok.provider)
+      return yield* runPlan(byok.steps)
+    }
+
+    // 3. The catalog model and its gates; the size.
+    const model = checkEmbeddingsModel(lookupModel(catalog.current(), req.model))
+    if (model instanceof GatewayError) return yield* Effect.fail(model)
+    exchange.resolveModel(model.id)
+    const prepared = yield* embeddingsOnModel(req, model)
+    exchange.setEstimatedInput(prepared.estimatedInput)
+    // 4. Admission, routed to the model's first deployment's provider; 5. the call.
+    exchange.routeTo(primaryDeployment(model).provider)
+    yield* admitToPool(exchange, admission, plan, model)
+    return yield* embedOnPool(exchange, req, deployments, prepared)
+  })
+
+// ----- routes
+
+/** What a pipeline route requires of the app: its services, resolved once per router (see `postOnce`). */
 type RouteServices = LiveCatalog | Settings | Admission | Deployments | Auth | RequestLog | FailedRequests
 
+/** The pipeline's services from a context that holds them. */
+const servicesOf = (context: Context.Context<RouteServices>): PipelineServices => ({
+  catalog: Context.get(context, LiveCatalog),
+  settings: Context.get(context, Settings),
+  admission: Context.get(context, Admission),
+  deployments: Context.get(context, Deployments)
+})
+
 /**
- * The `POST` route of one wire codec on the pipeline. Its services are taken from the first request's context
- * and kept for this router (one gateway: the app's services do not change between requests), instead of seven
- * lookups on every request; building the route needs no service (`listRoutes` records routes with none).
+ * Adds a `POST` route on the pipeline to `router` (for `HttpRouter.use`). Its handler is made from the first
+ * request's context and kept for this router (one gateway: the app's services do not change between requests),
+ * instead of seven service lookups on every request; building the route needs no service (`listRoutes` records
+ * routes with none).
  */
+const postOnce = <H extends Effect.Effect<HttpServerResponse.HttpServerResponse, never, any>, C = never>(
+  path: `/${string}`,
+  handlerOf: (context: Context.Context<RouteServices | C>) => H
+) =>
+(router: HttpRouter.HttpRouter) =>
+  Effect.suspend(() => {
+    let handler: H | undefined
+    const route = Effect.withFiber((fiber) => handler ??= handlerOf(fiber.context as Context.Context<RouteServices | C>))
+    // The services are read from the request's context: the route still requires them.
+    type Required = Effect.Services<typeof route> | RouteServices | C
+    return router.add("POST", path, route as Effect.Effect<Effect.Success<typeof route>, never, Required>)
+  })
+
+/** A chat codec's per-request handler with its services at hand. */
+const chatHandler = (codec: WireCodec, context: Context.Context<RouteServices>) => {
+  const services = servicesOf(context)
+  return exchangeHandler(
+    exchangeServicesOf(context),
+    { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
+    (exchange, request) => runChat(codec, exchange, request, services)
+  )
+}
+
+/** The `POST` route of one wire codec on the pipeline. */
 export const pipelineRoute = <R = never>(
   path: `/${string}`,
   /** The codec, or how to make it from the app's services (made once per router, with the handler). */
   codec: WireCodec | ((context: Context.Context<R>) => WireCodec)
 ) =>
-  HttpRouter.use((router) =>
-    Effect.suspend(() => {
-      let handler: ReturnType<typeof routeHandler> | undefined
-      const route = Effect.withFiber((fiber) =>
-        handler ??= routeHandler(
-          typeof codec === "function" ? codec(fiber.context as Context.Context<R>) : codec,
-          fiber.context as Context.Context<RouteServices>
-        )
-      )
-      // The services are read from the request's context: the route still requires them.
-      type Required = Effect.Services<typeof route> | RouteServices | R
-      return router.add("POST", path, route as Effect.Effect<Effect.Success<typeof route>, never, Required>)
-    })
-  )
+  HttpRouter.use(postOnce<ReturnType<typeof chatHandler>, R>(path, (context) =>
+    chatHandler(typeof codec === "function" ? codec(context as Context.Context<R>) : codec, context)))
 
-/** One codec's per-request handler with its services at hand. */
-const routeHandler = (codec: WireCodec, context: Context.Context<RouteServices>) => {
-  const services = {
-    catalog: Context.get(context, LiveCatalog),
-    settings: Context.get(context, Settings),
-    admission: Context.get(context, Admission),
-    deployments: Context.get(context, Deployments)
-  }
+/** The embeddings handler with its services at hand. */
+const embeddingsHandler = (context: Context.Context<RouteServices>) => {
+  const services = servicesOf(context)
   return exchangeHandler(
     exchangeServicesOf(context),
-    { render: codec.render, xApiKey: codec.xApiKey === true, api: codec.api },
-    (exchange, request) => run(codec, exchange, request, services)
+    { render: renderInference, operation: "embeddings" },
+    (exchange, request) => runEmbeddings(exchange, request, services)
   )
 }
+
+/** `POST /v1/embeddings` on the pipeline. */
+export const embeddingsRoute = (path: `/${string}`) => HttpRouter.use(postOnce(path, embeddingsHandler))

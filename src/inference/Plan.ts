@@ -1,15 +1,18 @@
 /**
- * How a request is answered: a plan of steps tried in order, each admitted its own way and sent through its own
- * adapter, until one answers or a failure may not move on. A catalog model is one step (its deployments fail over
- * inside that step's adapter, deployments/Router.ts); a BYOK request is the credential, then the pool model it
- * falls back to (ByokRoute.ts). Only a failure before the first byte reaches the plan: after it, the answer is the
- * client's already.
+ * How a BYOK request is answered: a plan of steps tried in order, each admitted its own way and sent through its
+ * own adapter, until one answers or a failure may not move on: the credential, then the pool model it falls back
+ * to (ByokRoute.ts). A catalog model needs no plan: the pipeline admits it and calls it once (its deployments fail
+ * over inside its adapter, deployments/Router.ts). Only a failure before the first byte reaches the plan: after
+ * it, the answer is the client's already.
  */
 import { Effect } from "effect"
 import type { GatewayError } from "../errors/Catalog.js"
 
 export interface Step<A, R> {
-  /** Routes and admits the step; a failure here is the answer (the plan does not move on). */
+  /**
+   * Admits the step (the fallback step records itself as the fallback first, Pipeline.ts); a failure here is the
+   * answer (the plan does not move on).
+   */
   readonly admit: Effect.Effect<void, GatewayError>
   /** The call. */
   readonly run: Effect.Effect<A, GatewayError, R>

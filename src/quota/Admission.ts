@@ -56,6 +56,12 @@ export interface Ticket {
   readonly settle: (usage: SettleUsage) => Effect.Effect<{ readonly standing: Standing; readonly weighted: number }>
   /** Gives the reservation back (failure before any output). Idempotent. */
   readonly refund: Effect.Effect<void>
+  /**
+   * `settle` run at once instead of when the returned effect runs: an `Exit` when the settlement completed on the
+   * spot (in-process admission with the account idle), otherwise the effect that finishes it. Optional: a backend
+   * without it is settled through `settle`.
+   */
+  readonly settleNow?: (usage: SettleUsage) => Effect.Effect<{ readonly standing: Standing; readonly weighted: number }>
 }
 
 /**

@@ -130,6 +130,8 @@ type Command =
   | { readonly _tag: "Crash"; readonly reply: AccountActors.Reply }
 
 type Actor = AccountActors.Actor<AccountState, Command>
+
+const noReply: AccountActors.Reply = () => {}
 type Result = AccountActors.Result
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -232,6 +234,7 @@ export const make = (options: MemoryOptions) =>
         reserved: standingOf(s, input.plan, now),
         rpm: rpmStanding(input.model.rate_limit_rpm, decision.rpmCount, decision.rpmOldest, now),
         settle: (usage) => resolve(t, usage),
+        settleNow: (usage) => resolveNow(t, usage),
         refund: Effect.asVoid(resolve(t, null))
       }
       return Exit.succeed(t)
@@ -312,33 +315,35 @@ export const make = (options: MemoryOptions) =>
 
     // --- tickets ---------------------------------------------------------------------------------------------
 
-    const resolve = (t: MemTicket, usage: SettleUsage | null): Effect.Effect<SettleResult> =>
-      Effect.suspend(() => {
-        let o = t.outcome
-        if (o === undefined) {
-          const outcome: Outcome = o = t.outcome = { exit: undefined, waiters: [] }
-          const finish = (exit: Exit.Exit<SettleResult>) => {
-            outcome.exit = exit
-            for (const w of outcome.waiters) w(exit)
-            outcome.waiters.length = 0
-          }
-          const cmd: Command = { _tag: "Settle", ticket: t, usage, reply: finish }
-          if (actors.canInline(t.actor)) {
-            // a Settle handler cannot fail, only die
-            const answer = actors.inline(t.actor, cmd) as Effect.Effect<SettleResult>
-            if (Exit.isExit(answer)) finish(answer as Exit.Exit<SettleResult>)
-            else return Effect.tapCause(answer, (cause) => Effect.sync(() => finish(Exit.failCause(cause))))
-          } else {
-            actors.send(t.actor, cmd)
-          }
+    /** Settles (or refunds, `usage` null) now: an Exit when the actor served it inline, else the wait for it. */
+    const resolveNow = (t: MemTicket, usage: SettleUsage | null): Effect.Effect<SettleResult> => {
+      let o = t.outcome
+      if (o === undefined) {
+        const outcome: Outcome = o = t.outcome = { exit: undefined, waiters: [] }
+        const finish = (exit: Exit.Exit<SettleResult>) => {
+          outcome.exit = exit
+          for (const w of outcome.waiters) w(exit)
+          outcome.waiters.length = 0
         }
-        const settled = o.exit
-        if (settled !== undefined) return settled
-        return Effect.callback<SettleResult>((resume) => {
-          if (o.exit !== undefined) resume(o.exit)
-          else o.waiters.push(resume)
-        })
+        const cmd: Command = { _tag: "Settle", ticket: t, usage, reply: finish }
+        if (actors.canInline(t.actor)) {
+          // a Settle handler cannot fail, only die
+          const answer = actors.inline(t.actor, cmd) as Effect.Effect<SettleResult>
+          if (Exit.isExit(answer)) finish(answer as Exit.Exit<SettleResult>)
+          else return Effect.tapCause(answer, (cause) => Effect.sync(() => finish(Exit.failCause(cause))))
+        } else {
+          actors.send(t.actor, cmd)
+        }
+      }
+      const settled = o.exit
+      if (settled !== undefined) return settled
+      return Effect.callback<SettleResult>((resume) => {
+        if (o.exit !== undefined) resume(o.exit)
+        else o.waiters.push(resume)
       })
+    }
+    const resolve = (t: MemTicket, usage: SettleUsage | null): Effect.Effect<SettleResult> =>
+      Effect.suspend(() => resolveNow(t, usage))
 
     const releaseTicket = (t: MemTicket): Effect.Effect<void> =>
       Effect.suspend(() => {
@@ -356,11 +361,27 @@ export const make = (options: MemoryOptions) =>
       // `acquireRelease` merges the whole request context into the closing fiber's (a map copy per request).
       admit: (input) =>
         Effect.flatMap(actors.get(input.accountId), (actor) =>
-          Effect.flatMap(Effect.scope, (scope) =>
-            Effect.uninterruptible(Effect.tap(
-              actors.ask<MemTicket>(actor, (reply) => ({ _tag: "Admit", input, reply })),
-              (t) => Scope.addFinalizer(scope, releaseTicket(t))
-            )))).pipe(Effect.map((t) => t.ticket)),
+          // Uninterruptible from the admission to the release's registration: a ticket is never left unowned.
+          Effect.uninterruptible(Effect.withFiber((fiber) => {
+            const scope = Context.getUnsafe(fiber.context, Scope.Scope)
+            const held = (t: MemTicket) => Effect.as(Scope.addFinalizer(scope, releaseTicket(t)), t.ticket)
+            // Idle actor: admitted on this fiber, without a trip through the mailbox.
+            if (actors.canInline(actor)) {
+              const answer = actors.inline(actor, { _tag: "Admit", input, reply: noReply }) as Effect.Effect<
+                MemTicket,
+                GatewayError
+              >
+              if (Exit.isExit(answer)) {
+                const exit = answer as Exit.Exit<MemTicket, GatewayError>
+                return Exit.isSuccess(exit) ? held(exit.value) : (exit as Exit.Exit<never, GatewayError>)
+              }
+              return Effect.flatMap(answer, held)
+            }
+            return Effect.flatMap(
+              actors.ask<MemTicket>(actor, (reply): Command => ({ _tag: "Admit", input, reply })),
+              (t: MemTicket) => held(t)
+            )
+          }))),
 
       standing: (accountId, plan) =>
         actors.with(accountId, (actor) => actors.ask<Standing>(actor, (reply) => ({ _tag: "Standing", plan, reply }))),

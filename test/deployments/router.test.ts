@@ -49,7 +49,7 @@ const setup = (ups: ReadonlyArray<FakeDeployment>, options: { routing?: ReturnTy
       ups.map((u) => [u.name, Schema.decodeUnknownSync(Provider)(providerFor(u, options.firstTokenMs))])
     )
     const context = yield* Layer.build(
-      Layer.provide(routerLayer({ routing: options.routing ?? routing(), random: seeded(7) }), Upstreams.layerStatic(providers))
+      Layer.provide(routerLayer({ routing: () => options.routing ?? routing(), random: seeded(7) }), Upstreams.layerStatic(providers))
     )
     const deployments = context.mapUnsafe.get(Deployments.key) as typeof Deployments.Service
     const model = modelOf(ups)

@@ -16,6 +16,7 @@ import { type GatewayConfig, loadConfig } from "../../src/config/GatewayConfig.j
 import { Settings } from "../../src/config/Live.js"
 import * as Sql from "../../src/store/Sql.js"
 import { freshDatabase, type FreshDatabase } from "../support/Db.js"
+import { eventually } from "../support/Eventually.js"
 import { serviceGate } from "../support/Services.js"
 
 const postgres = await serviceGate("postgres")
@@ -70,6 +71,16 @@ const authResult = (auth: Context.Service.Shape<typeof AuthModule.Auth>, key: st
     Effect.result,
     Effect.map(Result.match({ onFailure: (e) => e.code as string, onSuccess: (c) => c.account.status }))
   )
+
+/** The real key store, counting the key lookups Auth sends it. */
+const countingKeyStore = Effect.map(KeyStore.KeyStore, (real) => {
+  let queries = 0
+  const store: Context.Service.Shape<typeof KeyStore.KeyStore> = {
+    ...real,
+    findActiveKeyByHash: (hash) => Effect.suspend(() => (queries++, real.findActiveKeyByHash(hash)))
+  }
+  return { store, queries: () => queries }
+})
 
 const revokeInDbOnly = (keyId: number) =>
   Effect.flatMap(SqlClient.SqlClient, (sql) => sql`UPDATE api_keys SET revoked_at = now() WHERE id = ${keyId}`).pipe(
@@ -237,6 +248,46 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         yield* repo.revokeKeyById(b.row.id)
         yield* auth.invalidateKeys([b.row.key_hash])
         expect(yield* authResult(auth, b.key)).toBe("invalid_api_key")
+      })))
+
+    it.effect("concurrent misses of one key send one query; an expired entry sends one more", () =>
+      withDb(Effect.gen(function*() {
+        yield* TestClock.setTime(Date.now())
+        const counted = yield* countingKeyStore
+        const auth = yield* Effect.provideService(makeAuth(), KeyStore.KeyStore, counted.store)
+        const row = yield* account()
+        const { key } = yield* Effect.flatMap(AccountsRepo, (r) => r.createKey(row.id, "k"))
+        const burst = Effect.all(Array.from({ length: 40 }, () => authResult(auth, key)), { concurrency: "unbounded" })
+        expect(yield* burst).toEqual(Array(40).fill("active"))
+        expect(counted.queries()).toBe(1)
+        yield* TestClock.adjust("61 seconds")
+        expect(yield* burst).toEqual(Array(40).fill("active"))
+        expect(counted.queries()).toBe(2)
+      })))
+
+    it.effect("a key in use is looked up again before its entry expires, and served past the first entry's end without a query", () =>
+      withDb(Effect.gen(function*() {
+        yield* TestClock.setTime(Date.now())
+        const counted = yield* countingKeyStore
+        const auth = yield* Effect.provideService(makeAuth(), KeyStore.KeyStore, counted.store)
+        const row = yield* account()
+        const created = yield* Effect.flatMap(AccountsRepo, (r) => r.createKey(row.id, "k"))
+        const key = created.key
+        expect(yield* authResult(auth, key)).toBe("active")
+        expect(counted.queries()).toBe(1)
+        // More than REFRESH_AHEAD_MS before expiry: no lookup.
+        yield* TestClock.adjust(`${60_000 - AuthModule.REFRESH_AHEAD_MS - 1} millis`)
+        expect(yield* authResult(auth, key)).toBe("active")
+        expect(counted.queries()).toBe(1)
+        // Within it: served from the cache, and looked up once in the background.
+        yield* TestClock.adjust("1 millis")
+        expect(yield* authResult(auth, key)).toBe("active")
+        expect(yield* authResult(auth, key)).toBe("active")
+        yield* Effect.promise(() => eventually(() => counted.queries() === 2, { what: "background key lookup" }))
+        // Past the first entry's expiry the refreshed entry serves the key without a query.
+        yield* TestClock.adjust("20 seconds")
+        expect(yield* authResult(auth, key)).toBe("active")
+        expect(counted.queries()).toBe(2)
       })))
 
     it.effect("an unknown key is remembered for 5 s", () =>

@@ -1,14 +1,15 @@
 /**
  * How an answer is written on the Anthropic Messages wire: the error envelope, the `message` object, and the SSE
  * events of a stream (message_start, content blocks with text/thinking/input_json deltas, message_delta,
- * message_stop, ping, error). Delivered output is counted on the exchange as it goes (as the chat wire does).
+ * message_stop, ping, error). The exchange is read through its view; delivered output and usage are counted on
+ * its meter as they go (as the chat wire does).
  */
 import { HttpServerResponse } from "effect/http"
 import type { GatewayError } from "../../errors/Catalog.js"
 import { retryHeaders } from "../../errors/Render.js"
 import type { Answer } from "../../inference/ChatWire.js"
 import type { Delivery, Receipt, StreamFraming } from "../../inference/Codec.js"
-import type { Exchange } from "../../inference/Exchange.js"
+import type { AnswerMeter, ExchangeView } from "../../inference/Exchange.js"
 import type { FinishReason, UpstreamEvent, Usage } from "../../upstream/Upstream.js"
 import { toAnthropicId } from "./Request.js"
 
@@ -38,7 +39,7 @@ export const renderAnthropic = (error: GatewayError): HttpServerResponse.HttpSer
 
 // ----- the message
 
-export const messageId = (exchange: Exchange) => `msg_${exchange.requestId.replace(/[^A-Za-z0-9]/g, "")}`
+export const messageId = (exchange: ExchangeView) => `msg_${exchange.requestId.replace(/[^A-Za-z0-9]/g, "")}`
 
 export type StopReason = "end_turn" | "max_tokens" | "tool_use"
 
@@ -66,7 +67,7 @@ const toolInput = (args: string): unknown => {
   }
 }
 
-export const messageBody = (exchange: Exchange, answer: Answer, receipt: Receipt | null) => {
+export const messageBody = (exchange: ExchangeView, answer: Answer, receipt: Receipt | null) => {
   const content: Array<unknown> = []
   if (answer.reasoning.length > 0) content.push({ type: "thinking", thinking: answer.reasoning, signature: "" })
   if (answer.content.length > 0) content.push({ type: "text", text: answer.content })
@@ -86,7 +87,7 @@ export const messageBody = (exchange: Exchange, answer: Answer, receipt: Receipt
   }
 }
 
-export const messageResponse = (exchange: Exchange, answer: Answer, delivery: Delivery) =>
+export const messageResponse = (exchange: ExchangeView, answer: Answer, delivery: Delivery) =>
   HttpServerResponse.jsonUnsafe(messageBody(exchange, answer, delivery.receipt), { headers: delivery.headers })
 
 // ----- the stream
@@ -99,7 +100,7 @@ export const PING_EVENT = event("ping", { type: "ping" })
  * The events of one streamed message. Blocks are opened as their kind of output starts (thinking, text, each
  * tool call) and each is stopped before the next opens; a tool call's argument fragments go to its own block.
  */
-export const messageFraming = (exchange: Exchange): StreamFraming => {
+export const messageFraming = (exchange: ExchangeView, meter: AnswerMeter): StreamFraming => {
   let next = 0
   /** The open block: its index and what it holds ("tool" blocks by the call's index). */
   let open: { readonly index: number; readonly kind: "thinking" | "text" | "tool"; readonly call?: number } | null = null
@@ -118,12 +119,12 @@ export const messageFraming = (exchange: Exchange): StreamFraming => {
   const toFrames = (e: UpstreamEvent): string => {
     switch (e._tag) {
       case "Reasoning": {
-        exchange.addDelivered(e.text.length)
+        meter.addDelivered(e.text.length)
         const head = open?.kind === "thinking" ? "" : start("thinking", { type: "thinking", thinking: "", signature: "" })
         return head + delta(open!.index, { type: "thinking_delta", thinking: e.text })
       }
       case "Content": {
-        exchange.addDelivered(e.text.length)
+        meter.addDelivered(e.text.length)
         const head = open?.kind === "text" ? "" : start("text", { type: "text", text: "" })
         return head + delta(open!.index, { type: "text_delta", text: e.text })
       }
@@ -133,7 +134,7 @@ export const messageFraming = (exchange: Exchange): StreamFraming => {
         return head
       }
       case "ToolCallArgs": {
-        exchange.addDelivered(e.fragment.length)
+        meter.addDelivered(e.fragment.length)
         const index = toolBlocks.get(e.index)
         return index === undefined ? "" : delta(index, { type: "input_json_delta", partial_json: e.fragment })
       }
@@ -141,7 +142,7 @@ export const messageFraming = (exchange: Exchange): StreamFraming => {
         finish = e.reason
         return ""
       case "Usage":
-        exchange.setUsage(e.usage)
+        meter.setUsage(e.usage)
         return ""
     }
   }

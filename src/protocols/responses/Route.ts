@@ -4,7 +4,7 @@
  * `GET` / `DELETE /v1/responses/{id}` over the account's stored responses (Store.ts).
  *
  * Per request the codec keeps its turn (the response id, the decoded call, the stream encoder) keyed by the
- * exchange, from `decode` to the answer.
+ * exchange's view, from `decode` to the answer.
  */
 import { Clock, Context, Effect, Layer, Result } from "effect"
 import { HttpRouter, HttpServerRequest } from "effect/http"
@@ -16,7 +16,7 @@ import { renderInference } from "../../errors/Render.js"
 import { handle, headersOf, json } from "../../http/Respond.js"
 import type { Answer } from "../../inference/ChatWire.js"
 import type { WireCodec } from "../../inference/Codec.js"
-import type { Exchange } from "../../inference/Exchange.js"
+import type { ExchangeView } from "../../inference/Exchange.js"
 import { lookupModel, pipelineRoute } from "../../inference/Pipeline.js"
 import { PING_FRAME } from "../../inference/SseBody.js"
 import type { Message } from "../../upstream/Upstream.js"
@@ -75,9 +75,9 @@ export const makeResponsesCodec = (
   store: typeof ResponseStore.Service,
   catalog: typeof LiveCatalog.Service
 ): WireCodec => {
-  const turns = new WeakMap<Exchange, Turn>()
+  const turns = new WeakMap<ExchangeView, Turn>()
 
-  const meta = (exchange: Exchange, turn: Turn): ResponseMeta => ({
+  const meta = (exchange: ExchangeView, turn: Turn): ResponseMeta => ({
     id: turn.id,
     createdAt: Math.floor(turn.createdAt / 1000),
     model: exchange.modelId,
@@ -93,7 +93,7 @@ export const makeResponsesCodec = (
     return nearestEffort(effort, config.supports_reasoning ? config.reasoning_efforts : [])
   }
 
-  const decode = (body: unknown, exchange: Exchange, limits: Parameters<WireCodec["decode"]>[2]) =>
+  const decode = (body: unknown, exchange: ExchangeView, limits: Parameters<WireCodec["decode"]>[2]) =>
     Effect.gen(function*() {
       const decoded = decodeResponsesRequest(body, limits)
       if (Result.isFailure(decoded)) return yield* Effect.fail(decoded.failure)
@@ -120,7 +120,7 @@ export const makeResponsesCodec = (
     })
 
   /** Keeps the finished response (the stream's or the whole answer's output) when the client asked to store it. */
-  const completed = (exchange: Exchange, answer: Answer): Effect.Effect<void> =>
+  const completed = (exchange: ExchangeView, answer: Answer): Effect.Effect<void> =>
     Effect.suspend(() => {
       const turn = turns.get(exchange)
       if (turn === undefined) return Effect.void
@@ -165,9 +165,9 @@ export const makeResponsesCodec = (
       })
       return json(body, 200, { ...delivery.headers })
     },
-    stream: (exchange) => {
+    stream: (exchange, meter) => {
       const turn = turns.get(exchange)!
-      const encoder = new StreamEncoder(meta(exchange, turn), exchange)
+      const encoder = new StreamEncoder(meta(exchange, turn), meter)
       turn.encoder = encoder
       return {
         head: encoder.head(),

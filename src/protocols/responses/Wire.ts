@@ -1,7 +1,7 @@
 /**
  * How a Responses answer is written: the `response` object (non-stream, `GET`, and inside the lifecycle
  * events) and the SSE events of a stream, from the internal `Answer` and `UpstreamEvent`s. Output counted here
- * goes to the exchange (`addDelivered`, `setUsage`), which charges it.
+ * goes to the exchange's meter (`addDelivered`, `setUsage`), which charges it.
  *
  * Output items: `reasoning` (its text as one `reasoning_text` content part), `message` (one `output_text`
  * part) and `function_call` (`call_id` is the upstream tool call id, unchanged; the item's own id is `fc_…`).
@@ -9,7 +9,7 @@
 import * as Crypto from "node:crypto"
 import type { Receipt } from "../../inference/Codec.js"
 import type { Answer } from "../../inference/ChatWire.js"
-import type { Exchange } from "../../inference/Exchange.js"
+import type { AnswerMeter } from "../../inference/Exchange.js"
 import { Catalog, type GatewayError } from "../../errors/Catalog.js"
 import type { FinishReason, Message, ToolCall, UpstreamEvent, Usage } from "../../upstream/Upstream.js"
 import type { ResponsesCall } from "./Request.js"
@@ -217,7 +217,7 @@ export class StreamEncoder {
   #closing = ""
   #closed = false
 
-  constructor(private readonly meta: ResponseMeta, private readonly exchange: Exchange) {}
+  constructor(private readonly meta: ResponseMeta, private readonly meter: AnswerMeter) {}
 
   #emit(type: string, fields: Record<string, unknown>): string {
     return frame(type, this.#sequence++, fields)
@@ -298,7 +298,7 @@ export class StreamEncoder {
     switch (event._tag) {
       case "Reasoning": {
         if (event.text.length === 0) return ""
-        this.exchange.addDelivered(event.text.length)
+        this.meter.addDelivered(event.text.length)
         const out = this.#openText("reasoning")
         const open = this.#text!
         open.text += event.text
@@ -311,7 +311,7 @@ export class StreamEncoder {
       }
       case "Content": {
         if (event.text.length === 0) return ""
-        this.exchange.addDelivered(event.text.length)
+        this.meter.addDelivered(event.text.length)
         const out = this.#openText("message")
         const open = this.#text!
         open.text += event.text
@@ -345,7 +345,7 @@ export class StreamEncoder {
       case "ToolCallArgs": {
         const call = this.#calls.get(event.index)
         if (call === undefined || event.fragment.length === 0) return ""
-        this.exchange.addDelivered(event.fragment.length)
+        this.meter.addDelivered(event.fragment.length)
         call.args += event.fragment
         return this.#emit("response.function_call_arguments.delta", {
           item_id: call.id,
@@ -357,7 +357,7 @@ export class StreamEncoder {
         this.#finish = event.reason
         return ""
       case "Usage":
-        this.exchange.setUsage(event.usage)
+        this.meter.setUsage(event.usage)
         return ""
     }
   }
