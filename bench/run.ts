@@ -166,7 +166,7 @@ const main = async () => {
   printImageBench(images)
   if (ONLY === "images") return
   await new Promise<void>((resolve, reject) =>
-    spawn("npx", ["tsc", "-p", "tsconfig.build.json"], { cwd: root, stdio: "inherit" }).once("exit", (code) =>
+    spawn(process.execPath, ["scripts/build.mjs"], { cwd: root, stdio: "inherit" }).once("exit", (code) =>
       code === 0 ? resolve() : reject(new Error(`build failed (${code})`))
     )
   )

@@ -18,7 +18,7 @@ import { HttpRouter, HttpServerRequest, HttpServerResponse } from "effect/http"
 import * as Crypto from "node:crypto"
 import * as Fs from "node:fs"
 import * as Path from "node:path"
-import * as Url from "node:url"
+import { projectPath } from "../runtime/ProjectRoot.js"
 import * as Zlib from "node:zlib"
 
 export const DASHBOARD_CSP = [
@@ -57,8 +57,8 @@ export interface DashboardAsset {
   readonly cacheControl: string
 }
 
-/** `dashboard/dist` of the checkout: two levels up from `src/dashboard/` and from `dist/dashboard/` alike. */
-export const distDir = (): string => Url.fileURLToPath(new URL("../../dashboard/dist/", import.meta.url))
+/** `dashboard/dist` of the checkout, from `src/` and from the bundle in `dist/` alike. */
+export const distDir = (): string => projectPath("dashboard", "dist")
 
 const walk = (dir: string): Array<string> =>
   Fs.readdirSync(dir, { withFileTypes: true }).flatMap((entry) => {

@@ -3,13 +3,12 @@
  * and served from memory at `/` of the status origin with a strict Content-Security-Policy: no inline script or
  * style, everything from the page's own origin, data only from its own `/api/*`.
  *
- * The folder is found next to this module (`src/status/page` when running from `src/`), else at
- * `../../src/status/page` from it: `dist/status/Page.js` of `npm run build` reads the files of the checkout's
- * `src/`, since `tsc` copies no HTML, CSS or JS.
+ * The folder is the checkout's `src/status/page`, whether the gateway runs from `src/` or from the bundle that
+ * `npm run build` writes to `dist/` (which copies no HTML, CSS or JS).
  */
 import * as Crypto from "node:crypto"
 import * as Fs from "node:fs"
-import * as Url from "node:url"
+import { projectPath } from "../runtime/ProjectRoot.js"
 
 export const CONTENT_SECURITY_POLICY = [
   "default-src 'none'",
@@ -36,17 +35,11 @@ const FILES: ReadonlyArray<readonly [`/${string}`, string, string]> = [
   ["/status.js", "status.js", "text/javascript; charset=utf-8"]
 ]
 
-const CANDIDATES = ["./page/", "../../src/status/page/"]
-
 /** The page folder, or an error naming where it was looked for. */
 export const pageDir = (): string => {
-  const tried: Array<string> = []
-  for (const candidate of CANDIDATES) {
-    const dir = Url.fileURLToPath(new URL(candidate, import.meta.url))
-    tried.push(dir)
-    if (Fs.existsSync(`${dir}/index.html`)) return dir
-  }
-  throw new Error(`status page files not found (looked in ${tried.join(", ")})`)
+  const dir = projectPath("src", "status", "page")
+  if (Fs.existsSync(`${dir}/index.html`)) return dir
+  throw new Error(`status page files not found (looked in ${dir})`)
 }
 
 export const loadAssets = (dir: string = pageDir()): ReadonlyArray<Asset> =>

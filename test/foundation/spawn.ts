@@ -76,8 +76,12 @@ export interface Running {
 }
 
 /** Starts `node --import tsx <script>` and keeps it running. */
-export const startTs = (script: string, args: ReadonlyArray<string>, env: NodeJS.ProcessEnv): Running => {
-  const child = ChildProcess.spawn(process.execPath, ["--import", "tsx", script, ...args], {
+export const startTs = (script: string, args: ReadonlyArray<string>, env: NodeJS.ProcessEnv): Running =>
+  startNode(["--import", "tsx", script, ...args], env)
+
+/** Starts `node <nodeArgs>` (a compiled script, no loader) and keeps it running. */
+export const startNode = (nodeArgs: ReadonlyArray<string>, env: NodeJS.ProcessEnv): Running => {
+  const child = ChildProcess.spawn(process.execPath, nodeArgs, {
     env,
     stdio: ["ignore", "pipe", "pipe"]
   })
