@@ -15,6 +15,7 @@ import migration0005 from "./migrations/0005_incidents.js"
 import migration0006 from "./migrations/0006_request_routing.js"
 import migration0007 from "./migrations/0007_responses.js"
 import migration0008 from "./migrations/0008_sessions_by_account.js"
+import migration0009 from "./migrations/0009_request_minutes.js"
 
 export class StoreError extends Data.TaggedError("StoreError")<{ readonly message: string; readonly cause?: unknown }> {}
 
@@ -26,7 +27,8 @@ export const migrations = Migrator.fromRecord({
   "0005_incidents": migration0005,
   "0006_request_routing": migration0006,
   "0007_responses": migration0007,
-  "0008_sessions_by_account": migration0008
+  "0008_sessions_by_account": migration0008,
+  "0009_request_minutes": migration0009
 })
 
 export const runMigrations = Migrator.make({})({ loader: migrations, table: "wellspring_migrations" })

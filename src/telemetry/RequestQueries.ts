@@ -319,20 +319,70 @@ export const snapshotRows = (
 /** Today's token totals (input + output) of every non-guest account with any, largest first. */
 export const leaderboardTotals = (sql: SqlClient.SqlClient, dayStart: Date): Effect.Effect<Float64Array> =>
   sql<{ tokens: number }>`
-    SELECT sum(r.input_tokens::bigint + r.output_tokens)::bigint AS tokens
-    FROM request_log r JOIN accounts a ON a.id = r.account_id
-    WHERE r.created_at >= ${dayStart} AND NOT a.is_guest
+    SELECT sum(r.input_tokens + r.output_tokens)::bigint AS tokens
+    FROM ${spanned(sql, sql`TRUE`, { from: dayStart, fromInclusive: true })} r JOIN accounts a ON a.id = r.account_id
+    WHERE NOT a.is_guest
     GROUP BY r.account_id
-    HAVING sum(r.input_tokens::bigint + r.output_tokens) > 0
+    HAVING sum(r.input_tokens + r.output_tokens) > 0
     ORDER BY tokens DESC`.pipe(
     Effect.map((rows) => Float64Array.from(rows, (row) => Number(row.tokens))),
     Effect.orDie
   )
 
 // ---------------------------------------------------------------------------------------------
+// Periods summed from whole minutes (the public status resources, the leaderboard)
+
+const MINUTE_MS = 60_000
+
+/** A period of request rows: `(from, to]`, or `[from, to]` when `fromInclusive`; no upper bound without `to`. */
+export interface Span {
+  readonly from: Date
+  readonly fromInclusive?: boolean
+  readonly to?: Date
+}
+
+/**
+ * The request rows of `span` matching `where` (on `model_id`, `account_id` and `byok` only, the columns both tables
+ * have), as summed rows: the whole minutes inside the span from `request_minutes` (kept by a trigger on every
+ * insert, migration 0009), the partial minutes at its two ends row by row from `request_log` (two short index
+ * ranges). The sums are exact whatever the span's edges. Columns: `model_id`, `account_id`, `byok`, `at` (a
+ * row's time, or its minute's start), `requests`, `successes`, `failures` (MODEL_FAILURE), `ttfb_sum`/`ttfb_count`
+ * and `tps_sum`/`tps_count` (successes with a figure), `input_tokens`, `output_tokens`.
+ */
+export const spanned = (sql: SqlClient.SqlClient, where: Statement.Fragment, span: Span): Statement.Fragment => {
+  const from = span.from.getTime()
+  const lo = span.fromInclusive === true ? Math.ceil(from / MINUTE_MS) * MINUTE_MS : (Math.floor(from / MINUTE_MS) + 1) * MINUTE_MS
+  const hi = span.to === undefined ? Number.POSITIVE_INFINITY : Math.floor(span.to.getTime() / MINUTE_MS) * MINUTE_MS
+  const after = span.fromInclusive === true ? sql`created_at >= ${span.from}` : sql`created_at > ${span.from}`
+  const raw = (range: Statement.Fragment) =>
+    sql`SELECT model_id, account_id, byok, created_at AS at, 1 AS requests,
+        (status = 'success')::int AS successes, (${sql.literal(MODEL_FAILURE)})::int AS failures,
+        (CASE WHEN status = 'success' AND ttfb_ms IS NOT NULL THEN ttfb_ms ELSE 0 END)::float8 AS ttfb_sum,
+        (status = 'success' AND ttfb_ms IS NOT NULL)::int AS ttfb_count,
+        (CASE WHEN status = 'success' AND tps > 0 THEN tps ELSE 0 END)::float8 AS tps_sum,
+        (status = 'success' AND tps > 0)::int AS tps_count,
+        input_tokens::bigint AS input_tokens, output_tokens::bigint AS output_tokens
+      FROM request_log WHERE ${where} AND ${range}`
+  // Within one minute (or two adjacent partial ones): rows only.
+  if (lo > hi) return sql`(${raw(sql`${after} AND created_at <= ${span.to!}`)})`
+  const loDate = new Date(lo)
+  const minutes = sql`SELECT model_id, account_id, byok, minute AS at, requests, successes, failures, ttfb_sum, ttfb_count,
+      tps_sum, tps_count, input_tokens, output_tokens
+    FROM request_minutes WHERE ${where} AND minute >= ${loDate}`
+  if (span.to === undefined) {
+    return sql`(${minutes} UNION ALL ${raw(sql`${after} AND created_at < ${loDate}`)})`
+  }
+  const hiDate = new Date(hi)
+  return sql`(${minutes} AND minute < ${hiDate}
+    UNION ALL ${raw(sql`${after} AND created_at < ${loDate}`)}
+    UNION ALL ${raw(sql`created_at >= ${hiDate} AND created_at <= ${span.to}`)})`
+}
+
+// ---------------------------------------------------------------------------------------------
 // The public status resources (status/Status.ts). Each runs in the background refresh, never per request.
-// Platform-wide time windows read the (created_at) index, per-model ones the (model_id, created_at) index, the
-// active accounts the (account_id, created_at) index.
+// Periods are summed through `spanned` (whole minutes from request_minutes, the edges from request_log by index);
+// the most recent rows per model read the (model_id, created_at) index, the active accounts the
+// (account_id, created_at) index.
 
 /**
  * A failure the model is to blame for: a 5xx of the model or the gateway. Refusals of the caller's own making
@@ -395,18 +445,18 @@ export const fleetRows = (
     const windowSince = new Date(input.now - input.windowMs)
     const hourAgo = new Date(input.now - 3_600_000)
     const sparkSince = new Date(input.now - SPARK_BUCKETS * SPARK_BUCKET_MS)
-    const since = new Date(Math.min(windowSince.getTime(), hourAgo.getTime(), sparkSince.getTime()))
     const failure = sql.literal(MODEL_FAILURE)
-    const scope = sql`${sql.in("model_id", input.models)} AND NOT byok AND created_at <= ${now}`
+    const pool = sql`${sql.in("model_id", input.models)} AND NOT byok`
 
-    const health = yield* sql<FleetHealthRow>`
-      SELECT model_id,
-        count(*) FILTER (WHERE created_at > ${windowSince} AND status = 'success')::int AS window_successes,
-        count(*) FILTER (WHERE created_at > ${windowSince} AND ${failure})::int AS window_failures,
-        avg(ttfb_ms) FILTER (WHERE created_at > ${hourAgo} AND status = 'success' AND ttfb_ms IS NOT NULL)::float8 AS ttfb_ms,
-        avg(tps) FILTER (WHERE created_at > ${hourAgo} AND status = 'success' AND tps > 0)::float8 AS tps
-      FROM request_log WHERE ${scope} AND created_at > ${since}
-      GROUP BY model_id`
+    // Each period summed from whole minutes (`spanned`): what a refresh reads follows the minutes and the active
+    // accounts, not the rows.
+    const window = yield* sql<{ model_id: string; successes: number; failures: number }>`
+      SELECT model_id, sum(successes)::int AS successes, sum(failures)::int AS failures
+      FROM ${spanned(sql, pool, { from: windowSince, to: now })} w GROUP BY model_id`
+    const speed = yield* sql<{ model_id: string; ttfb_ms: number | null; tps: number | null }>`
+      SELECT model_id, (sum(ttfb_sum) / nullif(sum(ttfb_count), 0))::float8 AS ttfb_ms,
+        (sum(tps_sum) / nullif(sum(tps_count), 0))::float8 AS tps
+      FROM ${spanned(sql, pool, { from: hourAgo, to: now })} h GROUP BY model_id`
 
     // The newest `recent` counted rows of each model: a few steps down the (model_id, created_at) index per model,
     // where numbering every row of the window (a window function) sorted the whole window on every refresh.
@@ -423,10 +473,21 @@ export const fleetRows = (
 
     const buckets = yield* sql<FleetBucketRow>`
       SELECT model_id,
-        floor(extract(epoch FROM (${now}::timestamptz - created_at)) * 1000 / ${SPARK_BUCKET_MS}::int)::int AS age,
+        floor(extract(epoch FROM (${now}::timestamptz - at)) * 1000 / ${SPARK_BUCKET_MS}::int)::int AS age,
         coalesce(sum(output_tokens), 0)::bigint AS output_tokens
-      FROM request_log WHERE ${scope} AND created_at > ${sparkSince}
+      FROM ${spanned(sql, pool, { from: sparkSince, to: now })} s
       GROUP BY 1, 2`
+
+    const byModel = new Map<string, { window_successes: number; window_failures: number; ttfb_ms: number | null; tps: number | null }>()
+    const entry = (model: string) => {
+      let e = byModel.get(model)
+      if (e === undefined) byModel.set(model, e = { window_successes: 0, window_failures: 0, ttfb_ms: null, tps: null })
+      return e
+    }
+    for (const row of window) Object.assign(entry(row.model_id), { window_successes: row.successes, window_failures: row.failures })
+    for (const row of speed) Object.assign(entry(row.model_id), { ttfb_ms: row.ttfb_ms, tps: row.tps })
+    for (const row of buckets) entry(row.model_id)
+    const health: Array<FleetHealthRow> = [...byModel].map(([model_id, e]) => ({ model_id, ...e }))
 
     // Idle: one index probe per model without traffic in the aggregates above.
     const active = new Set(health.map((row) => row.model_id))
@@ -449,8 +510,8 @@ export const requestsSince = (
   since: Date
 ): Effect.Effect<number> =>
   models.length === 0 ? Effect.succeed(0) : sql<{ n: number }>`
-    SELECT count(*)::int AS n FROM request_log
-    WHERE ${sql.in("model_id", models)} AND NOT byok AND status = 'success' AND created_at >= ${since}`.pipe(
+    SELECT coalesce(sum(successes), 0)::int AS n
+    FROM ${spanned(sql, sql`${sql.in("model_id", models)} AND NOT byok`, { from: since, fromInclusive: true })} d`.pipe(
     Effect.map((rows) => rows[0]?.n ?? 0),
     Effect.orDie
   )
@@ -485,8 +546,8 @@ export const serverRow = (sql: SqlClient.SqlClient, activeSince: Date, now: Date
       ) active
       WHERE seen.account_id IS NOT NULL`
     const [output] = yield* sql<{ output_tokens: number }>`
-      SELECT coalesce(sum(output_tokens), 0)::bigint AS output_tokens FROM request_log
-      WHERE created_at > ${tenMinutesAgo} AND created_at <= ${now}`
+      SELECT coalesce(sum(output_tokens), 0)::bigint AS output_tokens
+      FROM ${spanned(sql, sql`TRUE`, { from: tenMinutesAgo, to: now })} o`
     return { users: users?.users ?? 0, output_tokens: output?.output_tokens ?? 0 }
   }).pipe(Effect.orDie)
 
@@ -497,13 +558,13 @@ export interface AllTimeRow {
   readonly output: number
 }
 
-/** Totals over every row ever written (a scan: refreshed rarely). */
+/** Totals over every row ever written, from the minute sums (which hold every row). */
 export const allTimeRow = (sql: SqlClient.SqlClient): Effect.Effect<AllTimeRow> =>
   sql<AllTimeRow>`
-    SELECT count(*) FILTER (WHERE status = 'success')::bigint AS requests,
+    SELECT coalesce(sum(successes), 0)::bigint AS requests,
       coalesce(sum(input_tokens), 0)::bigint AS input,
       coalesce(sum(output_tokens), 0)::bigint AS output
-    FROM request_log`.pipe(
+    FROM request_minutes`.pipe(
     Effect.map((rows) => rows[0] ?? { requests: 0, input: 0, output: 0 }),
     Effect.orDie
   )
