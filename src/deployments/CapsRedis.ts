@@ -6,10 +6,10 @@
  *   expiry, and `<prefix>d:{<model>/<deployment>}:rpm`, a sorted set of attempt starts (ids scored by start time).
  * - `take` is one EVALSHA: it drops lapsed slots and starts older than 60 s, refuses when the slots are all held or
  *   the last 60 s already hold `rate_limit_rpm` starts, else records both. A refusal writes nothing.
- * - A slot is a lease like the admission's in-flight leases (`quota/RedisLeases.ts`): it lapses `leaseMs` (9 s)
- *   after it was taken or last extended; one heartbeat fiber per layer extends every slot this replica holds every
- *   `leaseMs / 3`, at a fixed rate, so a dead replica's slots are free at most 9 s after its last beat. The
- *   heartbeat sleeps while nothing is held.
+ * - A slot is a lease like the admission's in-flight leases, kept by the same lease keeper
+ *   (`runtime/LeaseKeeper.ts`): it lapses `leaseMs` (9 s) after it was taken or last extended; the keeper's
+ *   heartbeat extends every slot this replica holds every `leaseMs / 3`, at a fixed rate, so a dead replica's slots
+ *   are free at most 9 s after its last beat. The heartbeat sleeps while nothing is held.
  * - `release` is one ZREM, not awaited by the request; a failed one is retried on the next beat, and the slot lapses
  *   anyway once it is no longer extended.
  * - After a `take` that got no answer (a timeout: the script may have run), the slot is released by id at once (a
@@ -18,17 +18,16 @@
  * Redis is not trusted: replies are shape-checked and bounded; anything else is `Unavailable` (the deployment is
  * skipped). Time is Redis server time, or the Effect clock with `time: "clock"` (TestClock in tests).
  */
-import { Clock, Duration, Effect, Queue } from "effect"
+import { Clock, Effect } from "effect"
 import type { Redis } from "ioredis"
 import * as Crypto from "node:crypto"
 import { DEFAULT_LEASE_MS } from "../quota/RedisLeases.js"
+import * as LeaseKeeper from "../runtime/LeaseKeeper.js"
 import * as StoreRedis from "../store/Redis.js"
 import type { Caps, SharedCaps, TakeResult } from "./SharedCaps.js"
 
 /** The minute of `rate_limit_rpm`. */
 const WINDOW_MS = 60_000
-/** Failed releases kept for a retry (each also lapses with its lease). */
-const MAX_RETRIES = 10_000
 /** In-flight counts above this in a reply are not believed. */
 const MAX_COUNT = 10_000_000
 
@@ -129,60 +128,26 @@ export const make = (client: Redis, prefix: string, options: CapsRedisOptions = 
     const replica = Crypto.randomBytes(6).toString("hex")
     let seq = 0
 
-    /** Deployment key -> slot ids this replica holds there. */
-    const held = new Map<string, Set<string>>()
-    const retries: Array<{ readonly key: string; readonly slot: string }> = []
-    /** Wakes the heartbeat when there is something to extend or retry. */
-    const wake = yield* Queue.sliding<void>(1)
-
-    const hold = (key: string, slot: string) => {
-      let set = held.get(key)
-      if (set === undefined) held.set(key, set = new Set())
-      set.add(slot)
-      Queue.offerUnsafe(wake, undefined)
+    /** One released slot, retried when its ZREM failed. */
+    interface Release {
+      readonly key: string
+      readonly slot: string
     }
-
-    const unhold = (key: string, slot: string) => {
-      const set = held.get(key)
-      if (set === undefined) return
-      set.delete(slot)
-      if (set.size === 0) held.delete(key)
-    }
-
-    const drop = (key: string, slot: string): void => {
-      redis.zrem(keysOf(prefix, key).slots, slot).catch(() => {
-        if (retries.length < MAX_RETRIES) retries.push({ key, slot })
-        Queue.offerUnsafe(wake, undefined)
-      })
-    }
-
-    const heartbeat: Effect.Effect<void> = Effect.suspend(() => {
-      const now = nowArg()
-      for (const { key, slot } of retries.splice(0, retries.length)) drop(key, slot)
-      return Effect.all(
-        [...held].map(([key, ids]) =>
-          StoreRedis.command("deployment slots extend", () =>
-            redis.wsDeploymentExtend(keysOf(prefix, key).slots, now, leaseMs, ...ids)
-          ).pipe(Effect.ignore)
+    const zrem = ({ key, slot }: Release) => redis.zrem(keysOf(prefix, key).slots, slot)
+    // The heartbeat (the admission's lease keeper): extends the slots held here per deployment, retries releases.
+    const keeper = yield* LeaseKeeper.make<Release>({
+      leaseMs,
+      extend: (key, ids) =>
+        StoreRedis.command("deployment slots extend", () =>
+          redis.wsDeploymentExtend(keysOf(prefix, key).slots, nowArg(), leaseMs, ...ids)
         ),
-        { concurrency: "unbounded", discard: true }
-      )
+      redo: (release) => StoreRedis.command("deployment slot release", () => zrem(release))
     })
 
-    // The heartbeat, at a fixed rate while something is held (as `quota/RedisLeases.ts`).
-    const beatMs = Math.max(1, Math.floor(leaseMs / 3))
-    let due: number | null = null
-    yield* Effect.suspend(() => {
-      if (held.size === 0 && retries.length === 0) {
-        due = null
-        return Queue.take(wake)
-      }
-      const now = clock.currentTimeMillisUnsafe()
-      due = due === null ? now + beatMs : due
-      const wait = Math.max(0, due - now)
-      due = Math.max(due, now) + beatMs
-      return Effect.andThen(Effect.sleep(Duration.millis(wait)), heartbeat)
-    }).pipe(Effect.forever, Effect.forkScoped)
+    /** Releases a slot without waiting for Redis; a failed release is retried on the next beat. */
+    const drop = (key: string, slot: string): void => {
+      zrem({ key, slot }).catch(() => keeper.retry({ key, slot }))
+    }
 
     const take = (key: string, caps: Caps): Effect.Effect<TakeResult> =>
       Effect.suspend(() => {
@@ -196,7 +161,7 @@ export const make = (client: Redis, prefix: string, options: CapsRedisOptions = 
           Effect.catch((error) => Effect.succeed<TakeResult>({ _tag: "Unavailable", detail: error.detail })),
           Effect.tap((result) =>
             Effect.sync(() => {
-              if (result._tag === "Taken" && result.slot !== null) hold(key, result.slot)
+              if (result._tag === "Taken" && result.slot !== null) keeper.hold(key, result.slot)
               // No answer, or one not understood: the script may have taken the slot. It is dropped by id (a no-op
               // if it did not).
               else if (result._tag === "Unavailable" && concurrency) drop(key, slot)
@@ -208,7 +173,7 @@ export const make = (client: Redis, prefix: string, options: CapsRedisOptions = 
     const caps: SharedCaps = {
       take,
       release: (key, slot) => {
-        unhold(key, slot)
+        keeper.unhold(key, slot)
         drop(key, slot)
       }
     }

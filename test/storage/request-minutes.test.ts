@@ -58,7 +58,7 @@ const fixture: fc.Arbitrary<Fixture> = fc.record({
 let nextId = 1
 const insert = (sql: SqlClient.SqlClient, rows: ReadonlyArray<Fixture>) =>
   rows.length === 0 ? Effect.void : sql`INSERT INTO request_log ${
-    sql.insert(rows.map((r) => {
+    sql.insert(rows.map((r): Record<string, unknown> => {
       const [status, http_status, error_code] = OUTCOMES[r.outcome]!
       const id = nextId++
       return {
@@ -76,7 +76,7 @@ const insert = (sql: SqlClient.SqlClient, rows: ReadonlyArray<Fixture>) =>
         tps: r.tps,
         created_at: new Date(BASE + r.offsetMs)
       }
-    }))
+    }) as unknown as readonly [Record<string, unknown>, ...Array<Record<string, unknown>>])
   }`.pipe(Effect.asVoid)
 
 const FAILURE = "status = 'error' AND http_status >= 500 AND http_status <> 529"
