@@ -326,7 +326,8 @@ export const make = Effect.gen(function*() {
     const seen = invalidations
     runInScope(
       sharedFind(hash).pipe(
-        Effect.flatMap((found) => Effect.map(Clock.currentTimeMillis, (at) => void rememberFound(hash, found, seen, at))),
+        // The new entry counts from when its lookup began: a lookup that took long does not lengthen its life.
+        Effect.map((found) => void rememberFound(hash, found, seen, now)),
         Effect.catchCause((cause) => Effect.logWarning("key refresh failed; the cached entry expires as usual", cause)),
         Effect.ensuring(Effect.sync(() => refreshing.delete(hash)))
       )

@@ -265,7 +265,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(counted.queries()).toBe(2)
       })))
 
-    it.effect("a key in use is looked up again before its entry expires, and served past the first entry's end without a query", () =>
+    it.effect("a key in use is looked up again before its entry expires; a revocation found so is refused at once", () =>
       withDb(Effect.gen(function*() {
         yield* TestClock.setTime(Date.now())
         const counted = yield* countingKeyStore
@@ -288,6 +288,16 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         yield* TestClock.adjust("20 seconds")
         expect(yield* authResult(auth, key)).toBe("active")
         expect(counted.queries()).toBe(2)
+        // Revoked behind the cache's back: the next refresh finds it, and the key is refused before the entry's end.
+        yield* revokeInDbOnly(created.row.id)
+        yield* TestClock.adjust("25 seconds")
+        expect(yield* authResult(auth, key)).toBe("active")
+        yield* Effect.promise(() => eventually(() => counted.queries() === 3, { what: "background key lookup" }))
+        const here = Effect.runPromiseWith(yield* Effect.context<never>())
+        yield* Effect.promise(() =>
+          eventually(async () => (await here(authResult(auth, key))) === "invalid_api_key", { what: "refusal" })
+        )
+        expect(counted.queries()).toBe(3)
       })))
 
     it.effect("an unknown key is remembered for 5 s", () =>
