@@ -23,7 +23,7 @@
  *   This replica's own in-flight count and a minute the fleet reported full (until it has room, for the same cap)
  *   rule deployments out without asking. The slot goes back once, when the attempt ends (answer, failure, failover,
  *   abort, interruption, a stream's end or cut); a dead replica's slots lapse within 9 s.
- * - Embedded (no `caps`): counted in this process (the minute is the clock's minute).
+ * - Embedded (no `caps`): counted in this process, over the same sliding 60 s as the fleet's count.
  * The balancer weighs this replica's own in-flight counts in both modes.
  *
  * The `routing` settings are read at each request and outcome (`LiveRouting.ts`: they reload live); circuits keep
@@ -98,11 +98,18 @@ export interface RouterOptions {
   readonly caps?: SharedCaps | undefined
 }
 
-/** Requests in flight and sent this minute, per deployment key (this replica). */
+/** The window of `rate_limit_rpm`: the last 60 s, sliding (as the fleet's count in `CapsRedis.ts`). */
+const RPM_WINDOW_MS = 60_000
+
+/** Requests in flight and recent attempt starts, per deployment key (this replica). */
 interface Load {
   inFlight: number
-  minute: number
-  sent: number
+  /**
+   * Start times of this replica's attempts, oldest first from `head`, recorded only while the deployment has a
+   * `rate_limit_rpm` and no shared caps count it (embedded mode); at most `rate_limit_rpm` of them stay.
+   */
+  starts: Array<number>
+  head: number
   /** Shared caps: the fleet's minute was full until then (epoch ms), for the `rate_limit_rpm` it was full at. */
   fullUntil: number
   fullAt: number
@@ -127,10 +134,23 @@ export const makeRouter = (options: RouterOptions) =>
     const loads = new Map<string, Load>()
     let lastUnavailableLog = Number.NEGATIVE_INFINITY
 
+    /** Starts of `load` within the last minute at `now` (older ones are dropped). */
+    const startsInWindow = (load: Load, now: number): number => {
+      const starts = load.starts
+      let head = load.head
+      while (head < starts.length && starts[head]! <= now - RPM_WINDOW_MS) head++
+      if (head > 1024 && head * 2 > starts.length) {
+        starts.splice(0, head)
+        head = 0
+      }
+      load.head = head
+      return starts.length - head
+    }
+
     const loadOf = (key: string): Load => {
       let load = loads.get(key)
       if (load === undefined) {
-        load = { inFlight: 0, minute: 0, sent: 0, fullUntil: 0, fullAt: 0 }
+        load = { inFlight: 0, starts: [], head: 0, fullUntil: 0, fullAt: 0 }
         loads.set(key, load)
       }
       return load
@@ -149,7 +169,6 @@ export const makeRouter = (options: RouterOptions) =>
     const candidates = (model: ModelConfig, tried: ReadonlySet<string>, now: number): Array<Choice> => {
       const all = deploymentsOf(model)
       const alone = all.length === 1
-      const minute = Math.floor(now / 60_000)
       const out: Array<Choice> = []
       for (const deployment of all) {
         if (tried.has(deployment.id)) continue
@@ -159,7 +178,7 @@ export const makeRouter = (options: RouterOptions) =>
         if (deployment.concurrency !== null && load.inFlight >= deployment.concurrency) continue
         const rpm = deployment.rate_limit_rpm
         if (rpm !== null) {
-          if (shared === undefined ? load.minute === minute && load.sent >= rpm : load.fullUntil > now && load.fullAt === rpm) {
+          if (shared === undefined ? startsInWindow(load, now) >= rpm : load.fullUntil > now && load.fullAt === rpm) {
             continue
           }
         }
@@ -170,13 +189,8 @@ export const makeRouter = (options: RouterOptions) =>
 
     /** Counts an attempt on `choice` here; with shared caps, true when it took the half-open trial. */
     const begin = (choice: Choice, now: number): boolean => {
-      const minute = Math.floor(now / 60_000)
       const load = choice.load
-      if (load.minute !== minute) {
-        load.minute = minute
-        load.sent = 0
-      }
-      load.sent += 1
+      if (shared === undefined && choice.deployment.rate_limit_rpm !== null) load.starts.push(now)
       load.inFlight += 1
       const trial = shared !== undefined && book.availability(choice.key, now) === "trial"
       book.begin(choice.key, now)
@@ -185,7 +199,6 @@ export const makeRouter = (options: RouterOptions) =>
 
     /** Undoes `begin` for an attempt that the fleet's caps refused before it started. */
     const unbegin = (choice: Choice, trial: boolean): void => {
-      choice.load.sent -= 1
       choice.load.inFlight -= 1
       if (trial) book.neutral(choice.key)
     }

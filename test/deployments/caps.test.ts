@@ -4,6 +4,7 @@
  * as an attempt (and when nothing is left the client's error is the one it always was); every slot taken is given
  * back exactly once however the attempt ends (answer, failure and failover, a stream that ends or is cut, the
  * caller's abort, interruption while waiting); a full minute is remembered until it has room, on the TestClock.
+ * Without shared caps (embedded mode) the router counts `rate_limit_rpm` itself, over the same sliding 60 s.
  */
 import { describe, expect, it } from "@effect/vitest"
 import { Effect, Fiber, Layer, Schema } from "effect"
@@ -85,7 +86,7 @@ const countingCaps = (force: (key: string) => TakeResult | null = () => null) =>
 
 const request: UpstreamRequest = { model: "ignored", stream: false, max_tokens: 10, messages: [{ role: "user", content: "hi" }] }
 
-const setup = (ups: ReadonlyArray<FakeDeployment>, caps: SharedCaps, settings: RoutingConfig = routing) =>
+const setup = (ups: ReadonlyArray<FakeDeployment>, caps: SharedCaps | undefined, settings: RoutingConfig = routing) =>
   Effect.gen(function*() {
     const providers = Object.fromEntries(ups.map((u) => [u.name, Schema.decodeUnknownSync(Provider)(providerFor(u))]))
     const context = yield* Layer.build(
@@ -271,6 +272,47 @@ describe("deployment router with fleet-wide caps", () => {
       const seen = a!.requests()
       for (let i = 0; i < 20; i++) expect((yield* send(model)).ok).toBe(true)
       expect(a!.requests()).toBeGreaterThan(seen)
+    }).pipe(Effect.scoped))
+
+  it.effect("embedded: rate_limit_rpm counts the last 60 s, sliding, not the clock's minute", () =>
+    Effect.gen(function*() {
+      const [a, b] = yield* fakes(["a", "b"])
+      const { send } = yield* setup([a!, b!], undefined)
+      const model = Schema.decodeUnknownSync(ModelConfig)({
+        ...modelOf([a!, b!]),
+        deployments: [
+          { provider: "a", model: "a-model", rate_limit_rpm: 5 },
+          { provider: "b", model: "b-model", priority: 1 }
+        ]
+      })
+      const firstTried = function*(n: number) {
+        const seen: Array<string> = []
+        for (let i = 0; i < n; i++) {
+          const sent = yield* send(model)
+          expect(sent.ok).toBe(true)
+          seen.push(sent.attempts[0]!)
+        }
+        return seen
+      }
+      // Half a minute into a clock minute: five starts fill a's window, the sixth request goes to b.
+      const t0 = 20_000 * 60_000 + 30_000
+      yield* TestClock.setTime(t0)
+      expect(yield* firstTried(6)).toEqual(["a", "a", "a", "a", "a", "b"])
+      // A new clock minute has begun, but the five starts are still within the last 60 s.
+      yield* TestClock.setTime(t0 + 31_000)
+      expect(yield* firstTried(3)).toEqual(["b", "b", "b"])
+      yield* TestClock.setTime(t0 + 59_999)
+      expect(yield* firstTried(1)).toEqual(["b"])
+      // 60 s after them the five starts have left the window: five more for a, then b again.
+      yield* TestClock.setTime(t0 + 60_000)
+      expect(yield* firstTried(6)).toEqual(["a", "a", "a", "a", "a", "b"])
+      // Starts are spread: one leaves the window at a time.
+      yield* TestClock.setTime(t0 + 120_000)
+      expect(yield* firstTried(1)).toEqual(["a"])
+      yield* TestClock.setTime(t0 + 130_000)
+      expect(yield* firstTried(5)).toEqual(["a", "a", "a", "a", "b"])
+      yield* TestClock.setTime(t0 + 180_000)
+      expect(yield* firstTried(2)).toEqual(["a", "b"])
     }).pipe(Effect.scoped))
 
   it.effect("a half-open deployment refused by the fleet keeps its trial for a later request", () =>
