@@ -516,7 +516,7 @@ const listDeployments = async (
     return 0
   }
   io.out(table([
-    ["MODEL", "DEPLOYMENT", "PROVIDER", "UPSTREAM MODEL", "WEIGHT", "PRIO", "STATE", "RETRY IN", "IN FLIGHT", "FAILURES"],
+    ["MODEL", "DEPLOYMENT", "PROVIDER", "UPSTREAM MODEL", "WEIGHT", "PRIO", "STATE", "RETRY IN", "IN FLIGHT", "STARTS/60S", "FAILURES"],
     ...rows.map((r) => [
       r.model,
       r.deployment,
@@ -526,7 +526,8 @@ const listDeployments = async (
       String(r.priority),
       r.cooling ? `${r.state}, cooling` : r.state,
       r.retryInSeconds > 0 ? `${r.retryInSeconds}s` : "-",
-      String(r.inFlight),
+      r.fleetInFlight === null ? String(r.inFlight) : `${r.inFlight} (fleet ${r.fleetInFlight})`,
+      r.startsLastMinute === null ? "-" : String(r.startsLastMinute),
       String(r.recentFailures)
     ])
   ]))

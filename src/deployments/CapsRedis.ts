@@ -24,7 +24,7 @@ import * as Crypto from "node:crypto"
 import { DEFAULT_LEASE_MS } from "../quota/RedisLeases.js"
 import * as LeaseKeeper from "../runtime/LeaseKeeper.js"
 import * as StoreRedis from "../store/Redis.js"
-import type { Caps, SharedCaps, TakeResult } from "./SharedCaps.js"
+import type { Caps, FleetUsage, SharedCaps, TakeResult } from "./SharedCaps.js"
 
 /** The minute of `rate_limit_rpm`. */
 const WINDOW_MS = 60_000
@@ -84,9 +84,20 @@ redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
 return n
 `
 
+/** KEYS: 1 slots zset, 2 starts zset. ARGV: 1 now|''. Returns {slots not lapsed, starts in the last 60 s}. */
+const USAGE = `
+local now
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+return {redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'), redis.call('ZCOUNT', KEYS[2], '(' .. (now - ${WINDOW_MS}), '+inf')}
+`
+
 interface Commands {
   wsDeploymentTake(slots: string, starts: string, now: string, id: string, conc: number, rpm: number, leaseMs: number): Promise<unknown>
   wsDeploymentExtend(slots: string, now: string, leaseMs: number, ...ids: Array<string>): Promise<unknown>
+  wsDeploymentUsage(slots: string, starts: string, now: string): Promise<unknown>
 }
 
 /** The two keys of deployment `key` (`<model>/<deployment>`). */
@@ -121,6 +132,7 @@ export const make = (client: Redis, prefix: string, options: CapsRedisOptions = 
   Effect.gen(function*() {
     if (!("wsDeploymentTake" in client)) client.defineCommand("wsDeploymentTake", { numberOfKeys: 2, lua: TAKE })
     if (!("wsDeploymentExtend" in client)) client.defineCommand("wsDeploymentExtend", { numberOfKeys: 1, lua: EXTEND })
+    if (!("wsDeploymentUsage" in client)) client.defineCommand("wsDeploymentUsage", { numberOfKeys: 2, lua: USAGE })
     const redis = client as Redis & Commands
     const leaseMs = options.leaseMs ?? DEFAULT_LEASE_MS
     const clock = yield* Clock.Clock
@@ -170,12 +182,25 @@ export const make = (client: Redis, prefix: string, options: CapsRedisOptions = 
         )
       })
 
+    const usage = (key: string): Effect.Effect<FleetUsage | null> =>
+      Effect.suspend(() => {
+        const { slots, starts } = keysOf(prefix, key)
+        return StoreRedis.command("deployment usage", () => redis.wsDeploymentUsage(slots, starts, nowArg())).pipe(
+          Effect.map((reply) => {
+            if (!Array.isArray(reply) || reply.length !== 2 || !isCount(reply[0]) || !isCount(reply[1])) return null
+            return { inFlight: reply[0], startsLastMinute: reply[1] }
+          }),
+          Effect.catch(() => Effect.succeed(null))
+        )
+      })
+
     const caps: SharedCaps = {
       take,
       release: (key, slot) => {
         keeper.unhold(key, slot)
         drop(key, slot)
-      }
+      },
+      usage
     }
     return caps
   })

@@ -66,7 +66,18 @@ export interface DeploymentStatus {
   /** Seconds until an open circuit's trial, or until a `Retry-After` ends; 0 when neither. */
   readonly retryInSeconds: number
   readonly cooling: boolean
+  /** Attempts in flight from this replica. */
   readonly inFlight: number
+  /**
+   * Attempts in flight from the whole fleet (production, deployments with a `concurrency`); null where the fleet
+   * does not count them (embedded mode, no cap) or the shared store did not answer.
+   */
+  readonly fleetInFlight: number | null
+  /**
+   * Attempts started in the last 60 s, for a deployment with a `rate_limit_rpm`: the fleet's in production, this
+   * process's in embedded mode; null without the cap (or when the shared store did not answer).
+   */
+  readonly startsLastMinute: number | null
   /** Answers counted in the health window (counting starts at the deployment's first failure). */
   readonly recentRequests: number
   readonly recentFailures: number
@@ -348,14 +359,18 @@ export const makeRouter = (options: RouterOptions) =>
     })
 
     const status = (models: ReadonlyArray<ModelConfig>) =>
-      Effect.map(Clock.currentTimeMillis, (now) =>
-        models.flatMap((model) => {
-          const all = deploymentsOf(model)
-          return all.map((deployment): DeploymentStatus => {
+      Effect.gen(function*() {
+        const now = yield* Clock.currentTimeMillis
+        const out: Array<DeploymentStatus> = []
+        for (const model of models) {
+          for (const deployment of deploymentsOf(model)) {
             const key = keyOf(model, deployment)
             const view = book.view(key, now)
             const until = Math.max(view.openUntil ?? 0, view.coolUntil ?? 0)
-            return {
+            const load = loads.get(key)
+            const capped = deployment.concurrency !== null || deployment.rate_limit_rpm !== null
+            const fleet = shared !== undefined && capped ? yield* shared.usage(key) : null
+            out.push({
               model: model.id,
               deployment: deployment.id,
               provider: deployment.provider,
@@ -365,13 +380,21 @@ export const makeRouter = (options: RouterOptions) =>
               state: view.state,
               retryInSeconds: until > now ? Math.ceil((until - now) / 1000) : 0,
               cooling: view.coolUntil !== null,
-              inFlight: loads.get(key)?.inFlight ?? 0,
+              inFlight: load?.inFlight ?? 0,
+              fleetInFlight: deployment.concurrency !== null && fleet !== null ? fleet.inFlight : null,
+              startsLastMinute: deployment.rate_limit_rpm === null
+                ? null
+                : shared === undefined
+                ? (load === undefined ? 0 : startsInWindow(load, now))
+                : fleet?.startsLastMinute ?? null,
               recentRequests: view.recent,
               recentFailures: view.recentFailures,
               consecutiveFailures: view.streak
-            }
-          })
-        }))
+            })
+          }
+        }
+        return out as ReadonlyArray<DeploymentStatus>
+      })
 
     return Deployments.of({
       forModel,

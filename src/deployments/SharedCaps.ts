@@ -29,4 +29,15 @@ export interface SharedCaps {
   readonly take: (key: string, caps: Caps) => Effect.Effect<TakeResult>
   /** Gives a taken slot back; the caller calls it once per slot. Never fails: a lost release lapses with its lease. */
   readonly release: (key: string, slot: string) => void
+  /**
+   * What the fleet holds on deployment `key` now: slots in flight (leases not lapsed) and attempt starts in the last
+   * 60 s, for the operator's listing; null when the shared store did not answer. Never fails.
+   */
+  readonly usage: (key: string) => Effect.Effect<FleetUsage | null>
+}
+
+/** One deployment's fleet-wide figures (`SharedCaps.usage`). */
+export interface FleetUsage {
+  readonly inFlight: number
+  readonly startsLastMinute: number
 }

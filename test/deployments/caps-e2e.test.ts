@@ -80,6 +80,15 @@ const received = async (response: Response): Promise<string> => {
   return text
 }
 
+/** What `GET /deployments` lists for the capped model's `gpu` deployment on this replica. */
+const gpuListed = (gw: TestGateway) =>
+  gw.run(Effect.gen(function*() {
+    const deployments = yield* Deployments
+    const catalog = yield* LiveCatalog
+    const all = yield* deployments.status(catalog.current().catalog.models)
+    return all.find((d) => d.model === "capped" && d.deployment === "gpu")!
+  }))
+
 /** This replica's in-flight count on each of the model's deployments. */
 const inFlightOn = (gw: TestGateway) =>
   gw.run(Effect.gen(function*() {
@@ -157,6 +166,8 @@ describe.skipIf(!postgres || !redisUp)("per-deployment caps across replicas (pro
     const pending = [one, two].map((gw, i) => chat(gw, key, true, leaving[i]!.signal).catch(() => null))
     await eventually(() => gpu.inFlight() === 2, { what: "two streams waiting on gpu" })
     expect(await redis.zcard(slots)).toBe(2)
+    // Each replica lists its own attempt and the fleet's two.
+    for (const gw of [one, two]) expect(await gpuListed(gw)).toMatchObject({ inFlight: 1, fleetInFlight: 2, startsLastMinute: null })
     // Full for both replicas: the next requests are answered by the backup.
     for (const gw of [one, two]) expect(await (await chat(gw, key)).text()).toContain("from backup")
     for (const controller of leaving) controller.abort()
@@ -188,5 +199,7 @@ describe.skipIf(!postgres || !redisUp)("per-deployment caps across replicas (pro
     expect(backup.requests()).toBe(15)
     expect(answered.slice(0, 5)).toEqual(Array(5).fill("from gpu"))
     expect(answered.slice(5)).toEqual(Array(15).fill("from backup"))
+    // Both replicas list the fleet's five starts of the minute (no concurrency cap: no fleet in-flight figure).
+    for (const gw of [one, two]) expect(await gpuListed(gw)).toMatchObject({ startsLastMinute: 5, fleetInFlight: null })
   }, 60_000)
 })

@@ -72,7 +72,8 @@ const countingCaps = (force: (key: string) => TakeResult | null = () => null) =>
     release: (key, slot) => {
       live.get(key)?.delete(slot)
       releases.set(slot, (releases.get(slot) ?? 0) + 1)
-    }
+    },
+    usage: (key) => Effect.sync(() => ({ inFlight: live.get(key)?.size ?? 0, startsLastMinute: 0 }))
   }
   return {
     caps,
@@ -277,7 +278,7 @@ describe("deployment router with fleet-wide caps", () => {
   it.effect("embedded: rate_limit_rpm counts the last 60 s, sliding, not the clock's minute", () =>
     Effect.gen(function*() {
       const [a, b] = yield* fakes(["a", "b"])
-      const { send } = yield* setup([a!, b!], undefined)
+      const { deployments, send } = yield* setup([a!, b!], undefined)
       const model = Schema.decodeUnknownSync(ModelConfig)({
         ...modelOf([a!, b!]),
         deployments: [
@@ -303,6 +304,9 @@ describe("deployment router with fleet-wide caps", () => {
       expect(yield* firstTried(3)).toEqual(["b", "b", "b"])
       yield* TestClock.setTime(t0 + 59_999)
       expect(yield* firstTried(1)).toEqual(["b"])
+      // The operator's listing counts the same starts; the uncapped deployment has no such figure.
+      const listed = yield* deployments.status([model])
+      expect(listed.map((d) => [d.deployment, d.startsLastMinute, d.fleetInFlight])).toEqual([["a", 5, null], ["b", null, null]])
       // 60 s after them the five starts have left the window: five more for a, then b again.
       yield* TestClock.setTime(t0 + 60_000)
       expect(yield* firstTried(6)).toEqual(["a", "a", "a", "a", "a", "b"])

@@ -281,7 +281,7 @@ describe("deployments end to end (embedded)", () => {
       err: () => {}
     })
     expect(code).toBe(0)
-    expect(out).toMatch(/^MODEL\s+DEPLOYMENT\s+PROVIDER/)
+    expect(out).toMatch(/^MODEL\s+DEPLOYMENT\s+PROVIDER.*\s+IN FLIGHT\s+STARTS\/60S\s+FAILURES\n/)
     expect(out).toMatch(/\nmulti\s+a\s+a\s+a-model\s+1\s+0\s+open\s+\d+s/)
     expect(out).toMatch(/\nmulti\s+b\s+b\s+b-model\s+1\s+0\s+closed\s+-/)
     // The inference origin does not serve it.
