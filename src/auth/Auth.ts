@@ -50,6 +50,8 @@ const MAX_UNKNOWN_SESSIONS = MAX_TRACKED_KEYS
 export interface StoreLookups {
   readonly keys: number
   readonly sessions: number
+  /** Background refreshes of cached keys under way (`REFRESH_AHEAD_MS`). */
+  readonly refreshing: number
 }
 
 /**
@@ -280,20 +282,31 @@ export const make = Effect.gen(function*() {
    * Key lookups under way, by hash: concurrent misses of one key share one query (`sharedFind`). The query runs on
    * its own fiber in this service's scope, so a waiting request that goes away does not cancel it for the others.
    */
-  const finding = new Map<string, Deferred.Deferred<KeyStore.KeyOwner | null>>()
+  const finding = new Map<string, Deferred.Deferred<Found>>()
   const forkDetached = Effect.runForkWith(yield* Effect.context<never>())
   const serviceScope = yield* Effect.scope
   /** Runs `effect` on its own fiber, interrupted when this service's scope closes. */
   const runInScope = (effect: Effect.Effect<void>): void => {
     Fiber.runIn(forkDetached(effect), serviceScope)
   }
-  const startFind = (hash: string): Deferred.Deferred<KeyStore.KeyOwner | null> => {
+  /**
+   * One lookup's answer with when it began and the invalidation count then: whoever joins it caches what it found as
+   * of that moment (an entry never outlives its TTL from the read, and an invalidation during the read is seen).
+   */
+  interface Found {
+    readonly owner: KeyStore.KeyOwner | null
+    readonly at: number
+    readonly seen: number
+  }
+  const startFind = (hash: string, now: number): Deferred.Deferred<Found> => {
     const running = finding.get(hash)
     if (running !== undefined) return running
-    const done = Deferred.makeUnsafe<KeyStore.KeyOwner | null>()
+    const done = Deferred.makeUnsafe<Found>()
     finding.set(hash, done)
+    const seen = invalidations
     runInScope(
       store.findActiveKeyByHash(hash).pipe(
+        Effect.map((owner): Found => ({ owner, at: now, seen })),
         Effect.onExit((exit) =>
           Effect.suspend(() => {
             finding.delete(hash)
@@ -305,14 +318,19 @@ export const make = Effect.gen(function*() {
     )
     return done
   }
-  const sharedFind = (hash: string): Effect.Effect<KeyStore.KeyOwner | null> =>
-    Effect.suspend(() => Deferred.await(startFind(hash)))
+  const sharedFind = (hash: string, now: number): Effect.Effect<Found> =>
+    Effect.suspend(() => Deferred.await(startFind(hash, now)))
 
-  /** The cache entry of a lookup's answer; not cached when an invalidation came while it ran. */
-  const rememberFound = (hash: string, found: KeyStore.KeyOwner | null, seen: number, now: number): Caller | null => {
-    const caller: Caller | null = found ? { account: found.account, key: found.key } : null
-    if (seen === invalidations) {
-      remember(hash, { caller, expiresAt: now + (caller ? Invalidation.POSITIVE_TTL_MS : Invalidation.NEGATIVE_TTL_MS) }, now)
+  /**
+   * The cache entry of a lookup's answer, living from when the lookup began; not cached when an invalidation came
+   * while it ran.
+   */
+  const rememberFound = (hash: string, found: Found): Caller | null => {
+    const owner = found.owner
+    const caller: Caller | null = owner ? { account: owner.account, key: owner.key } : null
+    if (found.seen === invalidations) {
+      const ttl = caller ? Invalidation.POSITIVE_TTL_MS : Invalidation.NEGATIVE_TTL_MS
+      remember(hash, { caller, expiresAt: found.at + ttl }, found.at)
     }
     return caller
   }
@@ -323,11 +341,9 @@ export const make = Effect.gen(function*() {
   const refreshAhead = (hash: string, entry: CacheEntry, now: number): void => {
     if (entry.expiresAt - now > REFRESH_AHEAD_MS || refreshing.has(hash)) return
     refreshing.add(hash)
-    const seen = invalidations
     runInScope(
-      sharedFind(hash).pipe(
-        // The new entry counts from when its lookup began: a lookup that took long does not lengthen its life.
-        Effect.map((found) => void rememberFound(hash, found, seen, now)),
+      sharedFind(hash, now).pipe(
+        Effect.map((found) => void rememberFound(hash, found)),
         Effect.catchCause((cause) => Effect.logWarning("key refresh failed; the cached entry expires as usual", cause)),
         Effect.ensuring(Effect.sync(() => refreshing.delete(hash)))
       )
@@ -357,10 +373,15 @@ export const make = Effect.gen(function*() {
         keyCacheHits++
         return invalidKey(client, now)
       }
-      const seen = invalidations
       keyLookups++
-      return lookup(client, now, sharedFind(hash)).pipe(Effect.flatMap((found) => {
-        const caller = rememberFound(hash, found, seen, now)
+      // `lookup` counts a lookup that found nothing against the address; the cache takes the lookup's own time.
+      let found: Found | undefined
+      const read = Effect.map(sharedFind(hash, now), (f) => {
+        found = f
+        return f.owner
+      })
+      return lookup(client, now, read).pipe(Effect.flatMap(() => {
+        const caller = rememberFound(hash, found!)
         if (caller === null) return Effect.fail(fail("invalid_api_key"))
         touch(caller.key!, now)
         return Effect.succeed(caller)
@@ -463,7 +484,7 @@ export const make = Effect.gen(function*() {
       ),
     cachedBearer,
     clientAddress,
-    storeLookups: Effect.sync(() => ({ keys: keyLookups, sessions: sessionLookups })),
+    storeLookups: Effect.sync(() => ({ keys: keyLookups, sessions: sessionLookups, refreshing: refreshing.size })),
     keyCache: () => ({ hits: keyCacheHits, misses: keyLookups }),
     invalidateKeys: (hashes) => Effect.forEach(hashes, (hash) => announce(Invalidation.key(hash)), { discard: true }),
     invalidateAccount: (accountId) => announce(Invalidation.account(accountId)),

@@ -264,7 +264,7 @@ describe("failed authentication per address (Auth, TestClock)", () => {
       sessions.add(valid)
       for (let i = 0; i < 3; i++) expect(yield* sessionResult(auth, valid, "198.51.100.30")).toBe("ok")
       expect(reads.sessions).toBe(6)
-      expect(yield* auth.storeLookups).toEqual({ keys: 0, sessions: 6 })
+      expect(yield* auth.storeLookups).toEqual({ keys: 0, sessions: 6, refreshing: 0 })
     })))
 })
 

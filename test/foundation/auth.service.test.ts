@@ -284,6 +284,9 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         expect(yield* authResult(auth, key)).toBe("active")
         expect(yield* authResult(auth, key)).toBe("active")
         yield* Effect.promise(() => eventually(() => counted.queries() === 2, { what: "background key lookup" }))
+        const here = Effect.runPromiseWith(yield* Effect.context<never>())
+        const refreshDone = () => eventually(async () => (await here(auth.storeLookups)).refreshing === 0, { what: "refresh done" })
+        yield* Effect.promise(refreshDone)
         // Past the first entry's expiry the refreshed entry serves the key without a query.
         yield* TestClock.adjust("20 seconds")
         expect(yield* authResult(auth, key)).toBe("active")
@@ -293,7 +296,7 @@ describe.skipIf(!postgres)("Auth service on PostgreSQL", () => {
         yield* TestClock.adjust("25 seconds")
         expect(yield* authResult(auth, key)).toBe("active")
         yield* Effect.promise(() => eventually(() => counted.queries() === 3, { what: "background key lookup" }))
-        const here = Effect.runPromiseWith(yield* Effect.context<never>())
+        yield* Effect.promise(refreshDone)
         yield* Effect.promise(() =>
           eventually(async () => (await here(authResult(auth, key))) === "invalid_api_key", { what: "refusal" })
         )
