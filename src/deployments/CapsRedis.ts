@@ -37,12 +37,7 @@ const MAX_COUNT = 10_000_000
  * start leaves the window} when the minute is full.
  */
 const TAKE = `
-local now
-if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local id, conc, rpm, leaseMs = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+${StoreRedis.LUA_NOW}local id, conc, rpm, leaseMs = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local held = 0
 if conc > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
@@ -72,12 +67,7 @@ return {1, held}
 
 /** KEYS: 1 slots zset. ARGV: 1 now|'', 2 lease ms, 3.. slot ids. Extends only slots that still exist. */
 const EXTEND = `
-local now
-if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local exp = now + tonumber(ARGV[2])
+${StoreRedis.LUA_NOW}local exp = now + tonumber(ARGV[2])
 local n = 0
 for i = 3, #ARGV do n = n + redis.call('ZADD', KEYS[1], 'XX', 'CH', exp, ARGV[i]) end
 redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
@@ -86,12 +76,7 @@ return n
 
 /** KEYS: 1 slots zset, 2 starts zset. ARGV: 1 now|''. Returns {slots not lapsed, starts in the last 60 s}. */
 const USAGE = `
-local now
-if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-return {redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'), redis.call('ZCOUNT', KEYS[2], '(' .. (now - ${WINDOW_MS}), '+inf')}
+${StoreRedis.LUA_NOW}return {redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf'), redis.call('ZCOUNT', KEYS[2], '(' .. (now - ${WINDOW_MS}), '+inf')}
 `
 
 interface Commands {

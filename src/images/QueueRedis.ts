@@ -40,7 +40,6 @@ import {
   noWorker,
   SWEEP_MS
 } from "./Queue.js"
-import { NOW } from "./SlotsRedis.js"
 import { makeTakers } from "./Takers.js"
 
 /** One Redis command; no answer is 503 `service_unavailable`. */
@@ -53,7 +52,7 @@ const RESULT_TTL_MS = 60_000
 /** Garbage backstop of a job's hash (renewed while its request waits). */
 const JOB_TTL_MS = 15 * 60_000
 
-const HEAD = `${NOW}
+const HEAD = `${StoreRedis.LUA_NOW}
 local P = ARGV[2]
 `
 

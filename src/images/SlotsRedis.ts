@@ -21,17 +21,9 @@ import { pendingFull } from "./Slots.js"
 /** One Redis command; no answer is 503 `service_unavailable`. */
 const command = <A>(what: string, f: () => Promise<A>) => Effect.mapError(StoreRedis.command(what, f), unavailable)
 
-/** Lua prelude: \`now\` from ARGV[1] (epoch ms), or Redis \`TIME\` when it is empty. */
-export const NOW = `
-local now
-if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-`
 
 /** KEYS: 1 slot set. ARGV: 1 now|'', 2 lease id, 3 max, 4 lease ms. Returns 1 taken, 0 full. */
-const ACQUIRE = `${NOW}
+const ACQUIRE = `${StoreRedis.LUA_NOW}
 local key, id, max, lease = KEYS[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
 if redis.call('ZCARD', key) >= max then return 0 end
@@ -41,7 +33,7 @@ return 1
 `
 
 /** KEYS: 1 slot set. ARGV: 1 now|'', 2 lease ms, 3.. lease ids. Renews the ids still present; returns how many. */
-const RENEW = `${NOW}
+const RENEW = `${StoreRedis.LUA_NOW}
 local key, lease, n = KEYS[1], tonumber(ARGV[2]), 0
 for i = 3, #ARGV do
   local score = redis.call('ZSCORE', key, ARGV[i])
@@ -55,7 +47,7 @@ return n
 `
 
 /** KEYS: 1 slot set. ARGV: 1 now|''. Unexpired leases. */
-const HELD = `${NOW}
+const HELD = `${StoreRedis.LUA_NOW}
 return redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf')
 `
 

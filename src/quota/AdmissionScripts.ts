@@ -27,12 +27,7 @@ const command = <A>(what: string, f: () => Promise<A>) => Effect.mapError(StoreR
 // Lua. Numbers that may be fractional are returned as strings (Lua numbers become integer replies).
 
 const NOW = `
-local now
-if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local DAY, WEEK = 86400000, 604800000
+${StoreRedis.LUA_NOW}local DAY, WEEK = 86400000, 604800000
 local function fmt(x) return string.format('%.17g', x) end
 `
 

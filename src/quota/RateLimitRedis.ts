@@ -21,12 +21,7 @@ const command = <A>(what: string, f: () => Promise<A>) => Effect.mapError(StoreR
  * 5 window ms. Returns take: {allowed, remaining, reset seconds}; record: 1; wait: seconds until a hit is allowed.
  */
 const WINDOW = `
-local now
-if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-local op, sliding, max, win = ARGV[2], ARGV[3] == 'sliding', tonumber(ARGV[4]), tonumber(ARGV[5])
+${StoreRedis.LUA_NOW}local op, sliding, max, win = ARGV[2], ARGV[3] == 'sliding', tonumber(ARGV[4]), tonumber(ARGV[5])
 local keep = win
 if sliding then keep = 2 * win end
 local f = redis.call('HMGET', KEYS[1], 's', 'c', 'p')

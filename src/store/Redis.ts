@@ -29,6 +29,15 @@ export class RedisClient extends Context.Service<RedisClient, {
 }>()("wellspring/store/RedisClient") {}
 
 /** ioredis options for fail-fast behaviour: bounded commands, no offline queue, background reconnects. */
+/** Lua prelude of every script here: \`now\` from ARGV[1] (epoch ms), or Redis \`TIME\` when it is empty. */
+export const LUA_NOW = `
+local now
+if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+`
+
 export const clientOptions = (commandTimeoutMs: number): RedisOptions => ({
   lazyConnect: true,
   enableOfflineQueue: false,
