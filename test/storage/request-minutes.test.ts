@@ -11,7 +11,7 @@ import { describe, expect, it } from "vitest"
 import migration0009 from "../../src/store/migrations/0009_request_minutes.js"
 import { type Span, spanned } from "../../src/telemetry/RequestQueries.js"
 import { serviceGate } from "../support/Services.js"
-import { backends } from "./backends.js"
+import { type Backend, backends } from "./backends.js"
 
 const postgres = await serviceGate("postgres")
 
@@ -135,14 +135,33 @@ const edge = (rows: ReadonlyArray<Fixture>) =>
     fc.integer({ min: -MINUTE, max: 11 * MINUTE }).map((ms) => BASE + ms)
   )
 
+/** Runs `body` against a fresh migrated store of `backend`, closed afterwards. */
+const onStore = async (
+  backend: Backend,
+  body: (sql: SqlClient.SqlClient) => Effect.Effect<void, unknown, SqlClient.SqlClient>
+) => {
+  const opened = await backend.open()
+  const runtime = ManagedRuntime.make(opened.layer)
+  try {
+    await runtime.runPromise(Effect.flatMap(SqlClient.SqlClient, body).pipe(Effect.orDie))
+  } finally {
+    await runtime.dispose()
+    await opened.close()
+  }
+}
+
+/** Every row is summed once in request_minutes. */
+const expectAllSummed = (sql: SqlClient.SqlClient, rows: number) =>
+  Effect.map(
+    sql<{ requests: number }>`SELECT sum(requests)::int AS requests FROM request_minutes`,
+    ([minutes]) => expect(minutes!.requests).toBe(rows)
+  )
+
 describe.each(backends(postgres))("request_minutes on $name", (backend) => {
   it("every period summed through the minutes equals the same sums over the rows", async () => {
-    const opened = await backend.open()
-    const runtime = ManagedRuntime.make(opened.layer)
-    try {
-      const rows = fc.sample(fixture, { numRuns: 600, seed: 19 })
-      await runtime.runPromise(Effect.gen(function*() {
-        const sql = yield* SqlClient.SqlClient
+    const rows = fc.sample(fixture, { numRuns: 600, seed: 19 })
+    await onStore(backend, (sql) =>
+      Effect.gen(function*() {
         // Batches of random sizes, as the writer and the tests write them; the same minute across batches.
         for (let at = 0; at < rows.length;) {
           const size = 1 + ((at * 7919) % 97)
@@ -178,22 +197,14 @@ describe.each(backends(postgres))("request_minutes on $name", (backend) => {
           expectSame(got, want, `span ${i} (${label}, ${JSON.stringify(span)})`)
         }
         // The minutes hold every row: the totals of the table.
-        const [minutes] = yield* sql<{ requests: number }>`SELECT sum(requests)::int AS requests FROM request_minutes`
-        expect(minutes!.requests).toBe(rows.length)
-      }).pipe(Effect.orDie))
-    } finally {
-      await runtime.dispose()
-      await opened.close()
-    }
+        yield* expectAllSummed(sql, rows.length)
+      }))
   }, 120_000)
 
   it("rows written before the migration are summed by it; later inserts add to them", async () => {
-    const opened = await backend.open()
-    const runtime = ManagedRuntime.make(opened.layer)
-    try {
-      const rows = fc.sample(fixture, { numRuns: 200, seed: 23 })
-      await runtime.runPromise(Effect.gen(function*() {
-        const sql = yield* SqlClient.SqlClient
+    const rows = fc.sample(fixture, { numRuns: 200, seed: 23 })
+    await onStore(backend, (sql) =>
+      Effect.gen(function*() {
         // Back to the state before migration 0009, with rows in the log.
         yield* sql`DROP TRIGGER request_log_minutes ON request_log`
         yield* sql`DROP FUNCTION request_minutes_add()`
@@ -203,12 +214,7 @@ describe.each(backends(postgres))("request_minutes on $name", (backend) => {
         yield* insert(sql, rows.slice(150))
         const all: Span = { from: new Date(BASE - MINUTE) }
         expectSame(yield* throughMinutes(sql, sql`TRUE`, all), yield* fromRows(sql, sql`TRUE`, all), "whole table")
-        const [minutes] = yield* sql<{ requests: number }>`SELECT sum(requests)::int AS requests FROM request_minutes`
-        expect(minutes!.requests).toBe(rows.length)
-      }).pipe(Effect.orDie))
-    } finally {
-      await runtime.dispose()
-      await opened.close()
-    }
+        yield* expectAllSummed(sql, rows.length)
+      }))
   }, 120_000)
 })
