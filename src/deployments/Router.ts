@@ -126,6 +126,16 @@ interface Load {
   fullAt: number
 }
 
+/** One attempt's call on the deployment `attempts` picked, through its provider's adapter. */
+type Attempt<A> = (
+  deployment: ResolvedDeployment,
+  adapter: UpstreamAdapter,
+  end: (outcome: Outcome) => void
+) => Effect.Effect<A, UpstreamError>
+
+/** `Effect.uninterruptibleMask`'s `restore`. */
+type Restore = <A, E, R>(effect: Effect.Effect<A, E, R>) => Effect.Effect<A, E, R>
+
 /** How an attempt ended, for its deployment's health. */
 type Outcome = "success" | "neutral" | Failure
 
@@ -134,274 +144,281 @@ const keyOf = (model: ModelConfig, deployment: ResolvedDeployment): string => `$
 const NO_DEPLOYMENT = (model: string) =>
   new UpstreamError({ kind: "connect", detail: `no deployment of ${model} is available` })
 
-export const makeRouter = (options: RouterOptions) =>
-  Effect.gen(function*() {
-    const upstreams = yield* Upstreams
-    const layerClock = yield* Clock.Clock
-    const random = options.random ?? Math.random
-    const routing = options.routing
-    const shared = options.caps
-    const book = new HealthBook(() => routing().health, options.share)
-    const loads = new Map<string, Load>()
-    let lastUnavailableLog = Number.NEGATIVE_INFINITY
+export const makeRouter = Effect.fnUntraced(function*(options: RouterOptions) {
+  const upstreams = yield* Upstreams
+  const layerClock = yield* Clock.Clock
+  const random = options.random ?? Math.random
+  const routing = options.routing
+  const shared = options.caps
+  const book = new HealthBook(() => routing().health, options.share)
+  const loads = new Map<string, Load>()
+  let lastUnavailableLog = Number.NEGATIVE_INFINITY
 
-    /** Starts of `load` within the last minute at `now` (older ones are dropped). */
-    const startsInWindow = (load: Load, now: number): number => {
-      const starts = load.starts
-      let head = load.head
-      while (head < starts.length && starts[head]! <= now - RPM_WINDOW_MS) head++
-      if (head > 1024 && head * 2 > starts.length) {
-        starts.splice(0, head)
-        head = 0
-      }
-      load.head = head
-      return starts.length - head
+  /** Starts of `load` within the last minute at `now` (older ones are dropped). */
+  const startsInWindow = (load: Load, now: number): number => {
+    const starts = load.starts
+    let head = load.head
+    while (head < starts.length && starts[head]! <= now - RPM_WINDOW_MS) head++
+    if (head > 1024 && head * 2 > starts.length) {
+      starts.splice(0, head)
+      head = 0
     }
+    load.head = head
+    return starts.length - head
+  }
 
-    const loadOf = (key: string): Load => {
-      let load = loads.get(key)
-      if (load === undefined) {
-        load = { inFlight: 0, starts: [], head: 0, fullUntil: 0, fullAt: 0 }
-        loads.set(key, load)
-      }
-      return load
+  const loadOf = (key: string): Load => {
+    let load = loads.get(key)
+    if (load === undefined) {
+      load = { inFlight: 0, starts: [], head: 0, fullUntil: 0, fullAt: 0 }
+      loads.set(key, load)
     }
+    return load
+  }
 
-    interface Choice extends Candidate {
-      readonly key: string
-      readonly load: Load
-    }
+  interface Choice extends Candidate {
+    readonly key: string
+    readonly load: Load
+  }
 
-    /**
-     * The deployments that may take an attempt now, leaving out those this request already tried or found full.
-     * With shared caps, what this replica knows is a first filter (its own in-flight requests hold fleet slots; a
-     * minute the fleet reported full stays full until its oldest start leaves it); the fleet decides at `take`.
-     */
-    const candidates = (model: ModelConfig, tried: ReadonlySet<string>, now: number): Array<Choice> => {
-      const all = deploymentsOf(model)
-      const alone = all.length === 1
-      const out: Array<Choice> = []
-      for (const deployment of all) {
-        if (tried.has(deployment.id)) continue
-        const key = keyOf(model, deployment)
-        const load = loadOf(key)
-        if (!alone && book.availability(key, now) === "no") continue
-        if (deployment.concurrency !== null && load.inFlight >= deployment.concurrency) continue
-        const rpm = deployment.rate_limit_rpm
-        if (rpm !== null) {
-          if (shared === undefined ? startsInWindow(load, now) >= rpm : load.fullUntil > now && load.fullAt === rpm) {
-            continue
-          }
+  /**
+   * The deployments that may take an attempt now, leaving out those this request already tried or found full.
+   * With shared caps, what this replica knows is a first filter (its own in-flight requests hold fleet slots; a
+   * minute the fleet reported full stays full until its oldest start leaves it); the fleet decides at `take`.
+   */
+  const candidates = (model: ModelConfig, tried: ReadonlySet<string>, now: number): Array<Choice> => {
+    const all = deploymentsOf(model)
+    const alone = all.length === 1
+    const out: Array<Choice> = []
+    for (const deployment of all) {
+      if (tried.has(deployment.id)) continue
+      const key = keyOf(model, deployment)
+      const load = loadOf(key)
+      if (!alone && book.availability(key, now) === "no") continue
+      if (deployment.concurrency !== null && load.inFlight >= deployment.concurrency) continue
+      const rpm = deployment.rate_limit_rpm
+      if (rpm !== null) {
+        if (shared === undefined ? startsInWindow(load, now) >= rpm : load.fullUntil > now && load.fullAt === rpm) {
+          continue
         }
-        out.push({ deployment, key, load, inFlight: load.inFlight })
       }
-      return out
+      out.push({ deployment, key, load, inFlight: load.inFlight })
     }
+    return out
+  }
 
-    /** Counts an attempt on `choice` here; with shared caps, true when it took the half-open trial. */
-    const begin = (choice: Choice, now: number): boolean => {
-      const load = choice.load
-      if (shared === undefined && choice.deployment.rate_limit_rpm !== null) load.starts.push(now)
-      load.inFlight += 1
-      const trial = shared !== undefined && book.availability(choice.key, now) === "trial"
-      book.begin(choice.key, now)
-      return trial
-    }
+  /** Counts an attempt on `choice` here; with shared caps, true when it took the half-open trial. */
+  const begin = (choice: Choice, now: number): boolean => {
+    const load = choice.load
+    if (shared === undefined && choice.deployment.rate_limit_rpm !== null) load.starts.push(now)
+    load.inFlight += 1
+    const trial = shared !== undefined && book.availability(choice.key, now) === "trial"
+    book.begin(choice.key, now)
+    return trial
+  }
 
-    /** Undoes `begin` for an attempt that the fleet's caps refused before it started. */
-    const unbegin = (choice: Choice, trial: boolean): void => {
-      choice.load.inFlight -= 1
-      if (trial) book.neutral(choice.key)
-    }
+  /** Undoes `begin` for an attempt that the fleet's caps refused before it started. */
+  const unbegin = (choice: Choice, trial: boolean): void => {
+    choice.load.inFlight -= 1
+    if (trial) book.neutral(choice.key)
+  }
 
-    /**
-     * Asks the fleet for a slot on a capped deployment (shared caps only); null when it may not go. A refusal is
-     * remembered for `rate_limit_rpm` until the minute has room, so this replica stops asking until then.
-     */
-    const takeShared = (choice: Choice, caps: SharedCaps, clock: Clock.Clock) =>
-      Effect.flatMap(caps.take(choice.key, choice.deployment), (taken): Effect.Effect<{ slot: string | null } | null> => {
-        switch (taken._tag) {
-          case "Taken":
-            return Effect.succeed({ slot: taken.slot })
-          case "Full":
-            return Effect.succeed(null)
-          case "RateLimited":
-            choice.load.fullUntil = clock.currentTimeMillisUnsafe() + taken.retryMs
-            choice.load.fullAt = choice.deployment.rate_limit_rpm ?? 0
-            return Effect.succeed(null)
-          case "Unavailable": {
-            const now = clock.currentTimeMillisUnsafe()
-            if (now - lastUnavailableLog < 10_000) return Effect.succeed(null)
-            lastUnavailableLog = now
-            return Effect.as(
-              Effect.logWarning("deployment caps unavailable; skipping the capped deployment").pipe(
-                Effect.annotateLogs({ deployment: choice.key, detail: taken.detail })
-              ),
-              null
-            )
-          }
-        }
-      })
-
-    /** Ends one attempt's hold on its deployment (and its fleet slot), with its outcome for health; idempotent. */
-    const ender = (choice: Choice, clock: Clock.Clock, slot: string | null) => {
-      let ended = false
-      return (outcome: Outcome): void => {
-        if (ended) return
-        ended = true
-        choice.load.inFlight -= 1
-        if (slot !== null) shared!.release(choice.key, slot)
-        if (outcome === "neutral") return book.neutral(choice.key)
-        const now = clock.currentTimeMillisUnsafe()
-        if (outcome === "success") return book.success(choice.key, now)
-        if (outcome.health) book.failure(choice.key, now, outcome.retryAfterMs)
-        else book.neutral(choice.key)
-      }
-    }
-
-    /**
-     * Runs `call` on deployments in turn until one succeeds, a failure is not retryable, or the attempts or the
-     * budget run out; the last failure is the answer then.
-     */
-    const attempts = <A>(
-      model: ModelConfig,
-      observer: AttemptObserver,
-      call: (
-        deployment: ResolvedDeployment,
-        adapter: UpstreamAdapter,
-        end: (outcome: Outcome) => void
-      ) => Effect.Effect<A, UpstreamError>
-    ): Effect.Effect<A, UpstreamError> =>
-      // Interruptible only while an attempt is under way: a call that was opened is returned (or ended) without an
-      // interruption point in between, so it is never lost with its deployment's in-flight count.
-      Effect.uninterruptibleMask((restore) => Effect.gen(function*() {
-        const clock = yield* Clock.Clock
-        const failover = routing().failover
-        const started = clock.currentTimeMillisUnsafe()
-        /** Deployments this request tried, or found full: never asked again. */
-        const tried = new Set<string>()
-        let failed: string | null = null
-        let made = 0
-        let last: UpstreamError | null = null
-        while (made < failover.max_attempts) {
+  /**
+   * Asks the fleet for a slot on a capped deployment (shared caps only); null when it may not go. A refusal is
+   * remembered for `rate_limit_rpm` until the minute has room, so this replica stops asking until then.
+   */
+  const takeShared = (choice: Choice, caps: SharedCaps, clock: Clock.Clock) =>
+    Effect.flatMap(caps.take(choice.key, choice.deployment), (taken): Effect.Effect<{ slot: string | null } | null> => {
+      switch (taken._tag) {
+        case "Taken":
+          return Effect.succeed({ slot: taken.slot })
+        case "Full":
+          return Effect.succeed(null)
+        case "RateLimited":
+          choice.load.fullUntil = clock.currentTimeMillisUnsafe() + taken.retryMs
+          choice.load.fullAt = choice.deployment.rate_limit_rpm ?? 0
+          return Effect.succeed(null)
+        case "Unavailable": {
           const now = clock.currentTimeMillisUnsafe()
-          if (made > 0 && now - started >= failover.budget_seconds * 1000) break
-          const choice = pick(candidates(model, tried, now), random)
-          if (choice === null) break
-          tried.add(choice.deployment.id)
-          const trial = begin(choice, now)
-          let slot: string | null = null
-          if (shared !== undefined && (choice.deployment.concurrency !== null || choice.deployment.rate_limit_rpm !== null)) {
-            // Uninterruptible (bounded by the Redis command timeout): a slot taken is always handed to `ender`.
-            const taken = yield* takeShared(choice, shared, clock)
-            if (taken === null) {
-              // Full across the fleet: skipped as a full deployment always was; not an attempt.
-              unbegin(choice, trial)
-              continue
-            }
-            slot = taken.slot
-          }
-          made += 1
-          if (last !== null) {
-            yield* Effect.logInfo("deployment failed before the first byte; trying another").pipe(
-              Effect.annotateLogs({ model: model.id, failed, next: choice.deployment.id, kind: last.kind })
-            )
-          }
-          failed = choice.deployment.id
-          observer.attempt(choice.deployment.id)
-          const end = ender(choice, clock, slot)
-          const result = yield* restore(
-            Effect.flatMap(upstreams.get(choice.deployment.provider), (adapter) => call(choice.deployment, adapter, end))
-          ).pipe(
-            Effect.onInterrupt(() => Effect.sync(() => end("neutral"))),
-            Effect.result
+          if (now - lastUnavailableLog < 10_000) return Effect.succeed(null)
+          lastUnavailableLog = now
+          return Effect.as(
+            Effect.logWarning("deployment caps unavailable; skipping the capped deployment").pipe(
+              Effect.annotateLogs({ deployment: choice.key, detail: taken.detail })
+            ),
+            null
           )
-          if (result._tag === "Success") return result.success
-          const error = result.failure
-          const failure = classify(error, "catalog")
-          end(failure)
-          last = error
-          if (!failure.retryable) break
         }
-        return yield* Effect.fail(last ?? NO_DEPLOYMENT(model.id))
-      }))
-
-    /** The sink of one attempt: passes everything on, and ends the attempt's hold with how the answer ended. */
-    const watched = (sink: UpstreamSink, end: (outcome: Outcome) => void): UpstreamSink => ({
-      onEvents: (events) => sink.onEvents(events),
-      onEnd: () => {
-        end("success")
-        sink.onEnd()
-      },
-      onError: (error) => {
-        end(classify(error, "catalog"))
-        sink.onError(error)
       }
     })
 
-    const forModel = (model: ModelConfig, observer: AttemptObserver): UpstreamAdapter => ({
-      open: (request: UpstreamRequest, sink: UpstreamSink) =>
-        attempts(model, observer, (deployment, adapter, end) =>
-          Effect.map(
-            adapter.open({ ...request, model: deployment.model }, watched(sink, end)),
-            (call): UpstreamCall => ({
-              first: call.first,
-              resume: call.resume,
-              abort: () => {
-                end("neutral")
-                call.abort()
-              }
-            })
-          )),
-      embed: (_model, input) =>
-        attempts(model, observer, (deployment, adapter, end) =>
-          Effect.tap(adapter.embed(deployment.model, input), () => Effect.sync(() => end("success"))))
-    })
+  /** Ends one attempt's hold on its deployment (and its fleet slot), with its outcome for health; idempotent. */
+  const ender = (choice: Choice, clock: Clock.Clock, slot: string | null) => {
+    let ended = false
+    return (outcome: Outcome): void => {
+      if (ended) return
+      ended = true
+      choice.load.inFlight -= 1
+      if (slot !== null) shared!.release(choice.key, slot)
+      if (outcome === "neutral") return book.neutral(choice.key)
+      const now = clock.currentTimeMillisUnsafe()
+      if (outcome === "success") return book.success(choice.key, now)
+      if (outcome.health) book.failure(choice.key, now, outcome.retryAfterMs)
+      else book.neutral(choice.key)
+    }
+  }
 
-    const status = (models: ReadonlyArray<ModelConfig>) =>
-      Effect.gen(function*() {
-        const now = yield* Clock.currentTimeMillis
-        const out: Array<DeploymentStatus> = []
-        for (const model of models) {
-          for (const deployment of deploymentsOf(model)) {
-            const key = keyOf(model, deployment)
-            const view = book.view(key, now)
-            const until = Math.max(view.openUntil ?? 0, view.coolUntil ?? 0)
-            const load = loads.get(key)
-            const capped = deployment.concurrency !== null || deployment.rate_limit_rpm !== null
-            const fleet = shared !== undefined && capped ? yield* shared.usage(key) : null
-            out.push({
-              model: model.id,
-              deployment: deployment.id,
-              provider: deployment.provider,
-              upstreamModel: deployment.model,
-              weight: deployment.weight,
-              priority: deployment.priority,
-              state: view.state,
-              retryInSeconds: until > now ? Math.ceil((until - now) / 1000) : 0,
-              cooling: view.coolUntil !== null,
-              inFlight: load?.inFlight ?? 0,
-              fleetInFlight: deployment.concurrency !== null && fleet !== null ? fleet.inFlight : null,
-              startsLastMinute: deployment.rate_limit_rpm === null
-                ? null
-                : shared === undefined
-                ? (load === undefined ? 0 : startsInWindow(load, now))
-                : fleet?.startsLastMinute ?? null,
-              recentRequests: view.recent,
-              recentFailures: view.recentFailures,
-              consecutiveFailures: view.streak
-            })
-          }
+  /**
+   * Runs `call` on deployments in turn until one succeeds, a failure is not retryable, or the attempts or the
+   * budget run out; the last failure is the answer then.
+   */
+  const attempts = <A>(
+    model: ModelConfig,
+    observer: AttemptObserver,
+    call: Attempt<A>
+  ): Effect.Effect<A, UpstreamError> =>
+    // Interruptible only while an attempt is under way: a call that was opened is returned (or ended) without an
+    // interruption point in between, so it is never lost with its deployment's in-flight count.
+    Effect.uninterruptibleMask((restore) =>
+      attemptLoop(restore, model, observer, call) as Effect.Effect<A, UpstreamError>
+    )
+
+  /**
+   * The loop of `attempts`, made once per router: a generator function made per request keeps what it captures
+   * alive until the next full collection (docs/decisions.md, "No generator function per request").
+   */
+  const attemptLoop = Effect.fnUntraced(function*(
+    restore: Restore,
+    model: ModelConfig,
+    observer: AttemptObserver,
+    call: Attempt<unknown>
+  ) {
+    const clock = yield* Clock.Clock
+    const failover = routing().failover
+    const started = clock.currentTimeMillisUnsafe()
+    /** Deployments this request tried, or found full: never asked again. */
+    const tried = new Set<string>()
+    let failed: string | null = null
+    let made = 0
+    let last: UpstreamError | null = null
+    while (made < failover.max_attempts) {
+      const now = clock.currentTimeMillisUnsafe()
+      if (made > 0 && now - started >= failover.budget_seconds * 1000) break
+      const choice = pick(candidates(model, tried, now), random)
+      if (choice === null) break
+      tried.add(choice.deployment.id)
+      const trial = begin(choice, now)
+      let slot: string | null = null
+      if (shared !== undefined && (choice.deployment.concurrency !== null || choice.deployment.rate_limit_rpm !== null)) {
+        // Uninterruptible (bounded by the Redis command timeout): a slot taken is always handed to `ender`.
+        const taken = yield* takeShared(choice, shared, clock)
+        if (taken === null) {
+          // Full across the fleet: skipped as a full deployment always was; not an attempt.
+          unbegin(choice, trial)
+          continue
         }
-        return out as ReadonlyArray<DeploymentStatus>
-      })
-
-    return Deployments.of({
-      forModel,
-      status,
-      apply: (event) => book.apply(event, layerClock.currentTimeMillisUnsafe())
-    })
+        slot = taken.slot
+      }
+      made += 1
+      if (last !== null) {
+        yield* Effect.logInfo("deployment failed before the first byte; trying another").pipe(
+          Effect.annotateLogs({ model: model.id, failed, next: choice.deployment.id, kind: last.kind })
+        )
+      }
+      failed = choice.deployment.id
+      observer.attempt(choice.deployment.id)
+      const end = ender(choice, clock, slot)
+      const result = yield* restore(
+        Effect.flatMap(upstreams.get(choice.deployment.provider), (adapter) => call(choice.deployment, adapter, end))
+      ).pipe(
+        Effect.onInterrupt(() => Effect.sync(() => end("neutral"))),
+        Effect.result
+      )
+      if (result._tag === "Success") return result.success
+      const error = result.failure
+      const failure = classify(error, "catalog")
+      end(failure)
+      last = error
+      if (!failure.retryable) break
+    }
+    return yield* Effect.fail(last ?? NO_DEPLOYMENT(model.id))
   })
+
+  /** The sink of one attempt: passes everything on, and ends the attempt's hold with how the answer ended. */
+  const watched = (sink: UpstreamSink, end: (outcome: Outcome) => void): UpstreamSink => ({
+    onEvents: (events) => sink.onEvents(events),
+    onEnd: () => {
+      end("success")
+      sink.onEnd()
+    },
+    onError: (error) => {
+      end(classify(error, "catalog"))
+      sink.onError(error)
+    }
+  })
+
+  const forModel = (model: ModelConfig, observer: AttemptObserver): UpstreamAdapter => ({
+    open: (request: UpstreamRequest, sink: UpstreamSink) =>
+      attempts(model, observer, (deployment, adapter, end) =>
+        Effect.map(
+          adapter.open({ ...request, model: deployment.model }, watched(sink, end)),
+          (call): UpstreamCall => ({
+            first: call.first,
+            resume: call.resume,
+            abort: () => {
+              end("neutral")
+              call.abort()
+            }
+          })
+        )),
+    embed: (_model, input) =>
+      attempts(model, observer, (deployment, adapter, end) =>
+        Effect.tap(adapter.embed(deployment.model, input), () => Effect.sync(() => end("success"))))
+  })
+
+  const status = Effect.fnUntraced(function*(models: ReadonlyArray<ModelConfig>) {
+    const now = yield* Clock.currentTimeMillis
+    const out: Array<DeploymentStatus> = []
+    for (const model of models) {
+      for (const deployment of deploymentsOf(model)) {
+        const key = keyOf(model, deployment)
+        const view = book.view(key, now)
+        const until = Math.max(view.openUntil ?? 0, view.coolUntil ?? 0)
+        const load = loads.get(key)
+        const capped = deployment.concurrency !== null || deployment.rate_limit_rpm !== null
+        const fleet = shared !== undefined && capped ? yield* shared.usage(key) : null
+        out.push({
+          model: model.id,
+          deployment: deployment.id,
+          provider: deployment.provider,
+          upstreamModel: deployment.model,
+          weight: deployment.weight,
+          priority: deployment.priority,
+          state: view.state,
+          retryInSeconds: until > now ? Math.ceil((until - now) / 1000) : 0,
+          cooling: view.coolUntil !== null,
+          inFlight: load?.inFlight ?? 0,
+          fleetInFlight: deployment.concurrency !== null && fleet !== null ? fleet.inFlight : null,
+          startsLastMinute: deployment.rate_limit_rpm === null
+            ? null
+            : shared === undefined
+            ? (load === undefined ? 0 : startsInWindow(load, now))
+            : fleet?.startsLastMinute ?? null,
+          recentRequests: view.recent,
+          recentFailures: view.recentFailures,
+          consecutiveFailures: view.streak
+        })
+      }
+    }
+    return out as ReadonlyArray<DeploymentStatus>
+  })
+
+  return Deployments.of({
+    forModel,
+    status,
+    apply: (event) => book.apply(event, layerClock.currentTimeMillisUnsafe())
+  })
+})
 
 /** The router with health local to this process. */
 export const layer = (options: RouterOptions): Layer.Layer<Deployments, never, Upstreams> =>

@@ -81,62 +81,79 @@ export interface ByokSteps<A, R> {
  * exchange but its ticket (`admit`): the pipeline records the route it returns.
  */
 export const byokSteps = <A, R>(exchange: ExchangeView & Admitter, reference: ByokReference, plan: ByokPlan<A, R>) =>
-  Effect.gen(function*() {
-    const account = exchange.caller.account
-    if (account.is_guest) return yield* Effect.fail(fail("byok_disabled", { message: AccountMessages.byokGuest }))
-    const byok = yield* Byok
-    const credentials = yield* Credentials
-    const admission = yield* Admission
-    const settings = yield* Settings
-    const catalog = yield* LiveCatalog
-    const credential = yield* credentials.resolve(account.id, reference)
+  resolveSteps(exchange, reference, plan) as Effect.Effect<
+    ByokSteps<A, R>,
+    GatewayError,
+    Effect.Services<ReturnType<typeof resolveSteps>>
+  >
 
-    const fallbackOn = account.byok_fallback_override ?? byok.config.fallback_default_on
-    const fallbackModel = fallbackOn && credential.fallbackModelId !== null
-      ? catalog.current().byId.get(credential.fallbackModelId)
-      : undefined
+/**
+ * `byokSteps`, made once: a generator function made per request would keep the request alive (docs/decisions.md,
+ * "No generator function per request").
+ */
+const resolveSteps = Effect.fnUntraced(function*(
+  exchange: ExchangeView & Admitter,
+  reference: ByokReference,
+  plan: ByokPlan<any, any>
+) {
+  // The plan's answer and requirements pass through unchanged; `byokSteps` restores their types.
+  type A = any
+  type R = any
+  const account = exchange.caller.account
+  if (account.is_guest) return yield* Effect.fail(fail("byok_disabled", { message: AccountMessages.byokGuest }))
+  const byok = yield* Byok
+  const credentials = yield* Credentials
+  const admission = yield* Admission
+  const settings = yield* Settings
+  const catalog = yield* LiveCatalog
+  const credential = yield* credentials.resolve(account.id, reference)
 
-    const throughCredential: PlannedStep<A, R> = () => {
-      if (credential.status === "rejected") {
-        return Effect.succeed(fail("byok_credential_rejected", {
-          detail: `credential ${credential.id} is rejected (${credential.lastErrorCode ?? "unknown"})`
-        }))
-      }
-      let dispatchFailure: Failure | null = null
-      const mapFailure = (error: UpstreamError): GatewayError => {
-        const failure = classify(error, "byok")
-        dispatchFailure = failure
-        return failure.error
-      }
-      return Effect.succeed({
-        admit: Effect.asVoid(exchange.admit(admission, {
-          accountId: account.id,
-          plan: settings.planFor(account.plan),
-          model: byokAdmissionModel(credential.provider.id, byok.config.rate_limit_rpm),
-          estimatedInputTokens: exchange.estimatedInput,
-          byok: true
-        })),
-        run: plan.attempt(credential.adapter, mapFailure),
-        // Only a failed dispatch moves on (not, say, a refusal of the answer's own); it may condemn the credential.
-        movesOn: () =>
-          Effect.suspend(() => {
-            const failed = dispatchFailure as Failure | null
-            if (failed === null) return Effect.succeed(false)
-            return Effect.as(failed.condemns ? credentials.reject(credential, failed.kind) : Effect.void, true)
-          })
-      })
+  const fallbackOn = account.byok_fallback_override ?? byok.config.fallback_default_on
+  const fallbackModel = fallbackOn && credential.fallbackModelId !== null
+    ? catalog.current().byId.get(credential.fallbackModelId)
+    : undefined
+
+  const throughCredential: PlannedStep<A, R> = () => {
+    if (credential.status === "rejected") {
+      return Effect.succeed(fail("byok_credential_rejected", {
+        detail: `credential ${credential.id} is rejected (${credential.lastErrorCode ?? "unknown"})`
+      }))
     }
-
-    /** The pool model when it can take the request; otherwise the BYOK failure is the answer. */
-    const toPool: PlannedStep<A, R> = (previous) => {
-      const original = previous!
-      if (fallbackModel === undefined || fallbackModel.disabled) return Effect.fail(original)
-      return Effect.catch(plan.fallback(fallbackModel), (refused) =>
-        Effect.logInfo("BYOK fallback model cannot take the request").pipe(
-          Effect.annotateLogs({ fallback_model: fallbackModel.id, code: refused.code }),
-          Effect.andThen(Effect.fail(original))
-        ))
+    let dispatchFailure: Failure | null = null
+    const mapFailure = (error: UpstreamError): GatewayError => {
+      const failure = classify(error, "byok")
+      dispatchFailure = failure
+      return failure.error
     }
-    const steps: ByokSteps<A, R> = { provider: credential.provider.id, steps: [throughCredential, toPool] }
-    return steps
-  })
+    return Effect.succeed({
+      admit: Effect.asVoid(exchange.admit(admission, {
+        accountId: account.id,
+        plan: settings.planFor(account.plan),
+        model: byokAdmissionModel(credential.provider.id, byok.config.rate_limit_rpm),
+        estimatedInputTokens: exchange.estimatedInput,
+        byok: true
+      })),
+      run: plan.attempt(credential.adapter, mapFailure),
+      // Only a failed dispatch moves on (not, say, a refusal of the answer's own); it may condemn the credential.
+      movesOn: () =>
+        Effect.suspend(() => {
+          const failed = dispatchFailure as Failure | null
+          if (failed === null) return Effect.succeed(false)
+          return Effect.as(failed.condemns ? credentials.reject(credential, failed.kind) : Effect.void, true)
+        })
+    })
+  }
+
+  /** The pool model when it can take the request; otherwise the BYOK failure is the answer. */
+  const toPool: PlannedStep<A, R> = (previous) => {
+    const original = previous!
+    if (fallbackModel === undefined || fallbackModel.disabled) return Effect.fail(original)
+    return Effect.catch(plan.fallback(fallbackModel), (refused) =>
+      Effect.logInfo("BYOK fallback model cannot take the request").pipe(
+        Effect.annotateLogs({ fallback_model: fallbackModel.id, code: refused.code }),
+        Effect.andThen(Effect.fail(original))
+      ))
+  }
+  const steps: ByokSteps<A, R> = { provider: credential.provider.id, steps: [throughCredential, toPool] }
+  return steps
+})

@@ -147,19 +147,25 @@ export class Exchange implements RowSource, ExchangeView, AnswerMeter, Admitter 
    * scope (which closes after the response is written), the backstop that completes it as cancelled.
    */
   static open(caller: Caller, log: Log, operation: Operation = "chat"): Effect.Effect<Exchange, never, Scope.Scope> {
-    return Effect.gen(function*() {
-      const rowId = yield* log.nextId
-      const requestId = yield* currentRequestId
-      const now = yield* Clock.currentTimeMillis
-      const scope = yield* Scope.make()
-      const telemetry = yield* CurrentTelemetry
-      const parent = telemetry.tracing ? Option.getOrUndefined(yield* Effect.option(Effect.currentParentSpan)) : undefined
-      const exchange = new Exchange(caller, rowId, requestId, new Date(now), scope, log, telemetry, operation, parent)
-      // Not `Effect.addFinalizer`, which merges the request's whole context back in when the scope closes.
-      yield* Scope.addFinalizer(yield* Effect.scope, Effect.suspend(() => exchange.cancel()))
-      return exchange
-    })
+    return Exchange.opening(caller, log, operation)
   }
+
+  /**
+   * `open`'s steps, made once: a generator function made per request would keep the request alive
+   * (docs/decisions.md, "No generator function per request").
+   */
+  private static readonly opening = Effect.fnUntraced(function*(caller: Caller, log: Log, operation: Operation) {
+    const rowId = yield* log.nextId
+    const requestId = yield* currentRequestId
+    const now = yield* Clock.currentTimeMillis
+    const scope = yield* Scope.make()
+    const telemetry = yield* CurrentTelemetry
+    const parent = telemetry.tracing ? Option.getOrUndefined(yield* Effect.option(Effect.currentParentSpan)) : undefined
+    const exchange = new Exchange(caller, rowId, requestId, new Date(now), scope, log, telemetry, operation, parent)
+    // Not `Effect.addFinalizer`, which merges the request's whole context back in when the scope closes.
+    yield* Scope.addFinalizer(yield* Effect.scope, Effect.suspend(() => exchange.cancel()))
+    return exchange
+  })
 
   // ----- what the row and the answer read
 
@@ -624,18 +630,17 @@ export const exchangeHandler = <R, RA = never>(
     if (options.modelId !== undefined) exchange.requestedModel(options.modelId)
     if (options.api !== undefined) exchange.setApi(options.api)
   }
-  const general = (request: HttpServerRequest.HttpServerRequest) =>
-    Effect.gen(function*() {
-      const caller = options.authenticate === undefined ? yield* auth.bearer(request, xApiKey) : yield* options.authenticate
-      if (caller.key !== null) yield* failed.check(caller.key.id)
-      const exchange = yield* Exchange.open(caller, log, operation)
-      opened(exchange)
-      return yield* finishing(
-        exchange,
-        Effect.andThen(auth.gate(caller, headersOf(request)), Effect.suspend(() => run(exchange, request))),
-        options.render
-      )
-    })
+  const general = Effect.fnUntraced(function*(request: HttpServerRequest.HttpServerRequest) {
+    const caller = options.authenticate === undefined ? yield* auth.bearer(request, xApiKey) : yield* options.authenticate
+    if (caller.key !== null) yield* failed.check(caller.key.id)
+    const exchange = yield* Exchange.open(caller, log, operation)
+    opened(exchange)
+    return yield* finishing(
+      exchange,
+      Effect.andThen(auth.gate(caller, headersOf(request)), Effect.suspend(() => run(exchange, request))),
+      options.render
+    )
+  })
   // The same steps as plain calls in one Effect step when nothing has to wait: a key cached as valid, tracing
   // off, a row id at hand. Anything else takes the general path above.
   const hot = Effect.withFiber((fiber) => {

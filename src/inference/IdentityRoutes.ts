@@ -50,21 +50,29 @@ export const usage = HttpRouter.add(
     const sql = yield* SqlClient.SqlClient
     return yield* handle(
       renderInference,
-      Effect.gen(function*() {
-        const { account } = yield* auth.bearer(request)
-        const plan = settings.planFor(account.plan)
-        const standing = yield* admission.standing(account.id, plan)
-        const bucket = (pool: PoolStanding, lengthMs: number) =>
-          usageByModel(account.id, windowStart(pool, lengthMs)).pipe(Effect.map((rows) => ({
-            ...poolView(pool),
-            by_model: rows.map(({ model_id, pct_of_total, request_count }) => ({ model_id, request_count, pct_of_total }))
-          })))
-        const [session, weekly] = yield* Effect.all([
-          bucket(standing.session, plan.session_hours * 3600 * 1000),
-          bucket(standing.weekly, WEEK_MS)
-        ], { concurrency: 2 })
-        return json({ object: "usage", session, weekly })
-      }).pipe(Effect.provideService(SqlClient.SqlClient, sql))
+      usageAnswer(request, auth, admission, settings).pipe(Effect.provideService(SqlClient.SqlClient, sql))
     )
   })
 )
+
+/** `/v1/usage`'s answer, made once (see "No generator function per request" in docs/decisions.md). */
+const usageAnswer = Effect.fnUntraced(function*(
+  request: HttpServerRequest.HttpServerRequest,
+  auth: typeof Auth.Service,
+  admission: typeof Admission.Service,
+  settings: typeof Settings.Service
+) {
+  const { account } = yield* auth.bearer(request)
+  const plan = settings.planFor(account.plan)
+  const standing = yield* admission.standing(account.id, plan)
+  const bucket = (pool: PoolStanding, lengthMs: number) =>
+    usageByModel(account.id, windowStart(pool, lengthMs)).pipe(Effect.map((rows) => ({
+      ...poolView(pool),
+      by_model: rows.map(({ model_id, pct_of_total, request_count }) => ({ model_id, request_count, pct_of_total }))
+    })))
+  const [session, weekly] = yield* Effect.all([
+    bucket(standing.session, plan.session_hours * 3600 * 1000),
+    bucket(standing.weekly, WEEK_MS)
+  ], { concurrency: 2 })
+  return json({ object: "usage", session, weekly })
+})

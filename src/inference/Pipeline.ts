@@ -18,6 +18,10 @@
  * the description (stream, tools, tool_choice), the resolved model, the input estimate, the route (provider,
  * BYOK, fallback). Steps and codecs do not change those themselves. While the answer flows, the answer writers
  * and the deployment router count through the exchange's `AnswerMeter`; codecs read it through `ExchangeView`.
+ *
+ * The steps written as generators are `Effect.fnUntraced` bodies made once here, never `Effect.gen` made per
+ * request: each generator function made per request kept the whole request alive in the old generation until the
+ * next mark-compact (docs/decisions.md, "No generator function per request").
  */
 import { Context, Effect, Result } from "effect"
 import { HttpRouter, type HttpServerRequest, type HttpServerResponse } from "effect/http"
@@ -171,68 +175,66 @@ interface Answering {
 }
 
 /** A non-stream answer: the whole answer in one call, then the exchange completes and the body is written. */
-const complete = (
+const complete = Effect.fnUntraced(function*(
   { codec, exchange, extra, plan }: Answering,
   adapter: UpstreamAdapter,
   request: UpstreamRequest,
   mapFailure: MapFailure
-) =>
-  Effect.gen(function*() {
-    exchange.markDispatched()
-    const events = yield* Effect.mapError(completeChat(adapter, request), mapFailure)
-    const answer = accumulate(events, exchange)
-    exchange.markFirstByte()
-    const settled = yield* exchange.succeed()
-    if (codec.completed !== undefined) yield* codec.completed(exchange, answer)
-    const headers = { ...settledHeaders(exchange, settled), ...extra }
-    return codec.answer(exchange, answer, { receipt: safeReceipt(exchange, plan, settled), headers })
-  })
+) {
+  exchange.markDispatched()
+  const events = yield* Effect.mapError(completeChat(adapter, request), mapFailure)
+  const answer = accumulate(events, exchange)
+  exchange.markFirstByte()
+  const settled = yield* exchange.succeed()
+  if (codec.completed !== undefined) yield* codec.completed(exchange, answer)
+  const headers = { ...settledHeaders(exchange, settled), ...extra }
+  return codec.answer(exchange, answer, { receipt: safeReceipt(exchange, plan, settled), headers })
+})
 
 /** A stream: the SSE body fed by the upstream call; the exchange completes from its callbacks. */
-const streamed = (
+const streamed = Effect.fnUntraced(function*(
   { codec, exchange, extra, plan }: Answering,
   adapter: UpstreamAdapter,
   request: UpstreamRequest,
   mapFailure: MapFailure
-) =>
-  Effect.gen(function*() {
-    const context = yield* Effect.context<never>()
-    // The same exchange, read through its view and counted through its meter.
-    const framing = codec.stream(exchange, exchange)
-    // A codec that keeps the finished answer gets a copy of the events folded alongside the frames.
-    const hook = codec.completed
-    const kept = hook === undefined ? null : emptyAnswer()
-    const frames = kept === null ? framing.frames : (events: Parameters<typeof framing.frames>[0]) => {
-      foldEvents(kept, events)
-      return framing.frames(events)
+) {
+  const context = yield* Effect.context<never>()
+  // The same exchange, read through its view and counted through its meter.
+  const framing = codec.stream(exchange, exchange)
+  // A codec that keeps the finished answer gets a copy of the events folded alongside the frames.
+  const hook = codec.completed
+  const kept = hook === undefined ? null : emptyAnswer()
+  const frames = kept === null ? framing.frames : (events: Parameters<typeof framing.frames>[0]) => {
+    foldEvents(kept, events)
+    return framing.frames(events)
+  }
+  exchange.markDispatched()
+  // A failure before the first event (or before the wait for it ran out) is still an error in the codec's envelope.
+  const body = yield* sseBody(
+    context,
+    exchange.scope,
+    (sink) => adapter.open(request, sink),
+    framing.head,
+    {
+      started: () => exchange.markFirstEvent(),
+      frames,
+      end: Effect.flatMap(exchange.succeed(), (settled) =>
+        Effect.as(
+          hook === undefined || kept === null ? Effect.void : hook(exchange, kept),
+          framing.last(safeReceipt(exchange, plan, settled))
+        )),
+      failed: (error) =>
+        Effect.suspend(() => {
+          if (error.usage) exchange.setUsage(error.usage)
+          const mapped = mapFailure(error)
+          return Effect.as(exchange.fail(mapped), framing.failed(mapped))
+        }),
+      cancelled: Effect.asVoid(exchange.cancel()),
+      ping: codec.ping
     }
-    exchange.markDispatched()
-    // A failure before the first event (or before the wait for it ran out) is still an error in the codec's envelope.
-    const body = yield* sseBody(
-      context,
-      exchange.scope,
-      (sink) => adapter.open(request, sink),
-      framing.head,
-      {
-        started: () => exchange.markFirstEvent(),
-        frames,
-        end: Effect.flatMap(exchange.succeed(), (settled) =>
-          Effect.as(
-            hook === undefined || kept === null ? Effect.void : hook(exchange, kept),
-            framing.last(safeReceipt(exchange, plan, settled))
-          )),
-        failed: (error) =>
-          Effect.suspend(() => {
-            if (error.usage) exchange.setUsage(error.usage)
-            const mapped = mapFailure(error)
-            return Effect.as(exchange.fail(mapped), framing.failed(mapped))
-          }),
-        cancelled: Effect.asVoid(exchange.cancel()),
-        ping: codec.ping
-      }
-    ).pipe(Effect.mapError(mapFailure))
-    return yield* sseResponse(body, { ...streamHeaders(exchange), ...extra })
-  })
+  ).pipe(Effect.mapError(mapFailure))
+  return yield* sseResponse(body, { ...streamHeaders(exchange), ...extra })
+})
 
 const respond = (answering: Answering, adapter: UpstreamAdapter, request: UpstreamRequest, mapFailure: MapFailure) =>
   request.stream ? streamed(answering, adapter, request, mapFailure) : complete(answering, adapter, request, mapFailure)
@@ -240,67 +242,66 @@ const respond = (answering: Answering, adapter: UpstreamAdapter, request: Upstre
 // ----- the two lives
 
 /** One chat request of `codec` on an opened exchange (steps 2 to 5), each step's result recorded as it comes. */
-const runChat = (
+const runChat = Effect.fnUntraced(function*(
   codec: WireCodec,
   exchange: Exchange,
   request: HttpServerRequest.HttpServerRequest,
   { admission, catalog, deployments, settings }: PipelineServices
-) =>
-  Effect.gen(function*() {
-    const plan = settings.planFor(exchange.caller.account.plan)
-    const limits = settings.config.limits
+) {
+  const plan = settings.planFor(exchange.caller.account.plan)
+  const limits = settings.config.limits
 
-    // 2. The body; its decoding; the description.
-    const body = yield* readJsonWith(request, limits)
-    exchange.requestedModel(modelIdOfBody(body))
-    const decoded = yield* codec.decode(body, exchange, limits)
-    const view = catalog.current()
-    const req = settleEffort(decoded, view)
-    exchange.describe(describeChat(req))
-    const answering: Answering = { codec, exchange, plan, extra: extraHeaders(decoded) }
+  // 2. The body; its decoding; the description.
+  const body = yield* readJsonWith(request, limits)
+  exchange.requestedModel(modelIdOfBody(body))
+  const decoded = yield* codec.decode(body, exchange, limits)
+  const view = catalog.current()
+  const req = settleEffort(decoded, view)
+  exchange.describe(describeChat(req))
+  const answering: Answering = { codec, exchange, plan, extra: extraHeaders(decoded) }
 
-    if (isByokModel(req.model)) {
-      // 3. The credential reference; the size.
-      const reference = parseReference(req.model)
-      if (reference === null) return yield* Effect.fail(badReference())
-      exchange.resolveModel(req.model)
-      const prepared = yield* chatThroughCredential(req, reference)
-      exchange.setEstimatedInput(prepared.estimatedInput)
-      // 4. The credential, then its fallback to a pool model; 5. the call.
-      const byok = yield* byokSteps(exchange, reference, {
-        attempt: (adapter, mapFailure) => respond(answering, adapter, prepared.upstream, mapFailure),
-        fallback: (model) =>
-          Effect.map(chatForModel(req, model), (pool) =>
-            fallbackStep(
-              exchange,
-              admission,
-              plan,
-              pool,
-              respond(answering, adapterFor(deployments, pool.model, exchange), pool.upstream, upstreamFailure)
-            ))
-      })
-      exchange.routeByok(byok.provider)
-      return yield* runPlan(byok.steps)
-    }
-
-    // 3. The catalog model and its gates; the size.
-    const checked = checkModel(req, lookupModel(view, req.model))
-    if (Result.isFailure(checked)) return yield* Effect.fail(checked.failure)
-    exchange.resolveModel(checked.success.model.id)
-    const prepared = yield* chatOnModel(req, checked.success)
+  if (isByokModel(req.model)) {
+    // 3. The credential reference; the size.
+    const reference = parseReference(req.model)
+    if (reference === null) return yield* Effect.fail(badReference())
+    exchange.resolveModel(req.model)
+    const prepared = yield* chatThroughCredential(req, reference)
     exchange.setEstimatedInput(prepared.estimatedInput)
-    // 4. Admission, routed to the model's first deployment's provider; 5. the call.
-    exchange.routeTo(primaryDeployment(prepared.model).provider)
-    yield* admitToPool(exchange, admission, plan, prepared.model)
-    return yield* respond(answering, adapterFor(deployments, prepared.model, exchange), prepared.upstream, upstreamFailure)
-  })
+    // 4. The credential, then its fallback to a pool model; 5. the call.
+    const byok = yield* byokSteps(exchange, reference, {
+      attempt: (adapter, mapFailure) => respond(answering, adapter, prepared.upstream, mapFailure),
+      fallback: (model) =>
+        Effect.map(chatForModel(req, model), (pool) =>
+          fallbackStep(
+            exchange,
+            admission,
+            plan,
+            pool,
+            respond(answering, adapterFor(deployments, pool.model, exchange), pool.upstream, upstreamFailure)
+          ))
+    })
+    exchange.routeByok(byok.provider)
+    return yield* runPlan(byok.steps)
+  }
+
+  // 3. The catalog model and its gates; the size.
+  const checked = checkModel(req, lookupModel(view, req.model))
+  if (Result.isFailure(checked)) return yield* Effect.fail(checked.failure)
+  exchange.resolveModel(checked.success.model.id)
+  const prepared = yield* chatOnModel(req, checked.success)
+  exchange.setEstimatedInput(prepared.estimatedInput)
+  // 4. Admission, routed to the model's first deployment's provider; 5. the call.
+  exchange.routeTo(primaryDeployment(prepared.model).provider)
+  yield* admitToPool(exchange, admission, plan, prepared.model)
+  return yield* respond(answering, adapterFor(deployments, prepared.model, exchange), prepared.upstream, upstreamFailure)
+})
 
 /**
  * Step 5 of an embeddings request: one call, the exchange completed with its usage, the list answer. `pool` is the
  * catalog model that answers (vectors fitted, named by its id); null through a credential (vectors as they came,
  * named as requested).
  */
-const embed = (
+const embed = Effect.fnUntraced(function*(
   exchange: Exchange,
   req: EmbeddingsRequest,
   adapter: UpstreamAdapter,
@@ -308,15 +309,14 @@ const embed = (
   inputs: ReadonlyArray<string>,
   mapFailure: MapFailure,
   pool: ModelConfig | null
-) =>
-  Effect.gen(function*() {
-    exchange.markDispatched()
-    const result = yield* adapter.embed(upstreamModel, inputs).pipe(Effect.mapError(mapFailure))
-    exchange.setUsage({ prompt_tokens: result.prompt_tokens, completion_tokens: 0, reasoning_tokens: 0, cached_tokens: 0 })
-    exchange.markFirstByte()
-    yield* exchange.succeed()
-    return embeddingsAnswer(exchange.rowId, pool === null ? req.model : pool.id, req, result, pool !== null)
-  })
+) {
+  exchange.markDispatched()
+  const result = yield* adapter.embed(upstreamModel, inputs).pipe(Effect.mapError(mapFailure))
+  exchange.setUsage({ prompt_tokens: result.prompt_tokens, completion_tokens: 0, reasoning_tokens: 0, cached_tokens: 0 })
+  exchange.markFirstByte()
+  yield* exchange.succeed()
+  return embeddingsAnswer(exchange.rowId, pool === null ? req.model : pool.id, req, result, pool !== null)
+})
 
 /** The embeddings call on a catalog model, through its deployments. */
 const embedOnPool = (
@@ -336,51 +336,50 @@ const embedOnPool = (
   )
 
 /** One embeddings request on an opened exchange (steps 2 to 5), each step's result recorded as it comes. */
-const runEmbeddings = (
+const runEmbeddings = Effect.fnUntraced(function*(
   exchange: Exchange,
   request: HttpServerRequest.HttpServerRequest,
   { admission, catalog, deployments, settings }: PipelineServices
-) =>
-  Effect.gen(function*() {
-    const plan = settings.planFor(exchange.caller.account.plan)
-    const limits = settings.config.limits
+) {
+  const plan = settings.planFor(exchange.caller.account.plan)
+  const limits = settings.config.limits
 
-    // 2. The body; its decoding.
-    const body = yield* readJsonWith(request, limits)
-    exchange.requestedModel(modelIdOfBody(body))
-    const decoded = decodeEmbeddingsRequest(body, limits)
-    if (Result.isFailure(decoded)) return yield* Effect.fail(decoded.failure)
-    const req = decoded.success
+  // 2. The body; its decoding.
+  const body = yield* readJsonWith(request, limits)
+  exchange.requestedModel(modelIdOfBody(body))
+  const decoded = decodeEmbeddingsRequest(body, limits)
+  if (Result.isFailure(decoded)) return yield* Effect.fail(decoded.failure)
+  const req = decoded.success
 
-    if (isByokModel(req.model)) {
-      // 3. The credential reference; the size.
-      const reference = parseReference(req.model)
-      if (reference === null) return yield* Effect.fail(badReference())
-      exchange.resolveModel(req.model)
-      const prepared = yield* embeddingsThroughCredential(req)
-      exchange.setEstimatedInput(prepared.estimatedInput)
-      // 4. The credential, then its fallback to a pool model; 5. the call.
-      const byok = yield* byokSteps(exchange, reference, {
-        attempt: (adapter, mapFailure) => embed(exchange, req, adapter, reference.model, prepared.inputs, mapFailure, null),
-        fallback: (model) =>
-          Effect.map(embeddingsForModel(req, model), (pool) =>
-            fallbackStep(exchange, admission, plan, pool, embedOnPool(exchange, req, deployments, pool)))
-      })
-      exchange.routeByok(byok.provider)
-      return yield* runPlan(byok.steps)
-    }
-
-    // 3. The catalog model and its gates; the size.
-    const model = checkEmbeddingsModel(lookupModel(catalog.current(), req.model))
-    if (model instanceof GatewayError) return yield* Effect.fail(model)
-    exchange.resolveModel(model.id)
-    const prepared = yield* embeddingsOnModel(req, model)
+  if (isByokModel(req.model)) {
+    // 3. The credential reference; the size.
+    const reference = parseReference(req.model)
+    if (reference === null) return yield* Effect.fail(badReference())
+    exchange.resolveModel(req.model)
+    const prepared = yield* embeddingsThroughCredential(req)
     exchange.setEstimatedInput(prepared.estimatedInput)
-    // 4. Admission, routed to the model's first deployment's provider; 5. the call.
-    exchange.routeTo(primaryDeployment(model).provider)
-    yield* admitToPool(exchange, admission, plan, model)
-    return yield* embedOnPool(exchange, req, deployments, prepared)
-  })
+    // 4. The credential, then its fallback to a pool model; 5. the call.
+    const byok = yield* byokSteps(exchange, reference, {
+      attempt: (adapter, mapFailure) => embed(exchange, req, adapter, reference.model, prepared.inputs, mapFailure, null),
+      fallback: (model) =>
+        Effect.map(embeddingsForModel(req, model), (pool) =>
+          fallbackStep(exchange, admission, plan, pool, embedOnPool(exchange, req, deployments, pool)))
+    })
+    exchange.routeByok(byok.provider)
+    return yield* runPlan(byok.steps)
+  }
+
+  // 3. The catalog model and its gates; the size.
+  const model = checkEmbeddingsModel(lookupModel(catalog.current(), req.model))
+  if (model instanceof GatewayError) return yield* Effect.fail(model)
+  exchange.resolveModel(model.id)
+  const prepared = yield* embeddingsOnModel(req, model)
+  exchange.setEstimatedInput(prepared.estimatedInput)
+  // 4. Admission, routed to the model's first deployment's provider; 5. the call.
+  exchange.routeTo(primaryDeployment(model).provider)
+  yield* admitToPool(exchange, admission, plan, model)
+  return yield* embedOnPool(exchange, req, deployments, prepared)
+})
 
 // ----- routes
 

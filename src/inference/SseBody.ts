@@ -14,25 +14,24 @@ export const PING_FRAME = ": ping\n\n"
  * Calls `ping` whenever `touch` has not been called for `idle`, on the Effect clock (TestClock drives it): one
  * re-armed `startTimer` (`runtime/Timers.ts`), stopped when `scope` closes. Costs nothing per chunk but a clock read.
  */
-export const idlePinger = (idle: Duration.Input, ping: () => void, scope: Scope.Scope) =>
-  Effect.gen(function*() {
-    const clock = yield* Clock.Clock
-    const idleMs = Duration.toMillis(idle)
-    let last = clock.currentTimeMillisUnsafe()
-    let timer: Timer | undefined
-    const arm = (wait: number): void => {
-      timer = startTimer(clock, wait, () => {
-        const left = last + idleMs - clock.currentTimeMillisUnsafe()
-        if (left > 0) return arm(left)
-        ping()
-        last = clock.currentTimeMillisUnsafe()
-        arm(idleMs)
-      }, true)
-    }
-    arm(idleMs)
-    yield* Scope.addFinalizer(scope, Effect.sync(() => stopTimer(timer)))
-    return { touch: () => void (last = clock.currentTimeMillisUnsafe()) }
-  })
+export const idlePinger = Effect.fnUntraced(function*(idle: Duration.Input, ping: () => void, scope: Scope.Scope) {
+  const clock = yield* Clock.Clock
+  const idleMs = Duration.toMillis(idle)
+  let last = clock.currentTimeMillisUnsafe()
+  let timer: Timer | undefined
+  const arm = (wait: number): void => {
+    timer = startTimer(clock, wait, () => {
+      const left = last + idleMs - clock.currentTimeMillisUnsafe()
+      if (left > 0) return arm(left)
+      ping()
+      last = clock.currentTimeMillisUnsafe()
+      arm(idleMs)
+    }, true)
+  }
+  arm(idleMs)
+  yield* Scope.addFinalizer(scope, Effect.sync(() => stopTimer(timer)))
+  return { touch: () => void (last = clock.currentTimeMillisUnsafe()) }
+})
 
 export interface SseHandlers {
   /** Frames for one batch of upstream events (may be empty). */
@@ -100,175 +99,181 @@ type Opened = Exit.Exit<UpstreamCall, UpstreamError>
  *   pinged every 8 s while idle (Event 5); `head` and the frames follow when the events come, and a failure
  *   before them goes to `handlers.failed` and cuts the connection without `[DONE]`.
  */
-export const sseBody = (
+export const sseBody: (
+  context: Context.Context<never>,
+  scope: Scope.Scope,
+  open: (sink: UpstreamSink) => Effect.Effect<UpstreamCall, UpstreamError>,
+  head: string,
+  handlers: SseHandlers,
+  firstEventWait?: Duration.Input
+) => Effect.Effect<SseBody, UpstreamError> = Effect.fnUntraced(function*(
   context: Context.Context<never>,
   scope: Scope.Scope,
   open: (sink: UpstreamSink) => Effect.Effect<UpstreamCall, UpstreamError>,
   head: string,
   handlers: SseHandlers,
   firstEventWait: Duration.Input = streamTiming.firstEventWait
-): Effect.Effect<SseBody, UpstreamError> =>
-  Effect.gen(function*() {
-    let call: UpstreamCall | null = null
-    let waiting = false
-    let done = false
-    let out: SseOutput | null = null
-    /** Completes `run`. */
-    let finish: (() => void) | null = null
-    let cutting = false
-    let touch = () => {}
-    // Fibers started from callbacks are tracked by the server, so a shutdown drain waits for their settles.
-    const runFork = runForkTracked(context)
-    const run = <A>(effect: Effect.Effect<A>) => runFork(effect)
-    /** Interrupts the opening of the upstream call, until it has opened. */
-    let cancelOpening: (() => void) | null = null
+) {
+  let call: UpstreamCall | null = null
+  let waiting = false
+  let done = false
+  let out: SseOutput | null = null
+  /** Completes `run`. */
+  let finish: (() => void) | null = null
+  let cutting = false
+  let touch = () => {}
+  // Fibers started from callbacks are tracked by the server, so a shutdown drain waits for their settles.
+  const runFork = runForkTracked(context)
+  const run = <A>(effect: Effect.Effect<A>) => runFork(effect)
+  /** Interrupts the opening of the upstream call, until it has opened. */
+  let cancelOpening: (() => void) | null = null
 
-    const write = (text: string): boolean => {
-      touch()
-      return out!.write(text)
-    }
+  const write = (text: string): boolean => {
+    touch()
+    return out!.write(text)
+  }
 
-    const pingFrame = handlers.ping ?? PING_FRAME
-    const ping = () => void (!done && out !== null && out.write(pingFrame))
+  const pingFrame = handlers.ping ?? PING_FRAME
+  const ping = () => void (!done && out !== null && out.write(pingFrame))
 
-    /** The client went away (or `run` was interrupted) before the end. */
-    const cancel = () => {
-      if (done) return
-      done = true
-      call?.abort()
-      cancelOpening?.()
-      run(handlers.cancelled)
-    }
+  /** The client went away (or `run` was interrupted) before the end. */
+  const cancel = () => {
+    if (done) return
+    done = true
+    call?.abort()
+    cancelOpening?.()
+    run(handlers.cancelled)
+  }
 
-    const fail = (error: UpstreamError) => {
-      if (done) return
-      done = true
-      run(handlers.failed(error).pipe(
-        Effect.tap((frame) =>
-          Effect.sync(() => {
-            if (typeof frame === "string" && frame.length > 0) out!.write(frame)
-          })
-        ),
-        Effect.ensuring(Effect.sync(() => {
-          cutting = true
-          out!.cut()
-        }))
-      ))
-    }
-
-    const sink: UpstreamSink = {
-      onEvents: (events) => {
-        if (done) return false
-        const ok = write(handlers.frames(events))
-        if (!ok) waiting = true
-        return ok
-      },
-      onEnd: () => {
-        if (done) return
-        done = true
-        run(handlers.end.pipe(Effect.tap((last) =>
-          Effect.sync(() => {
-            touch()
-            out!.end(last)
-            finish?.()
-          })
-        )))
-      },
-      onError: fail
-    }
-
-    /** The call is open: writes the head and its first events; the rest flows once the client is ready. */
-    const begin = (opened: UpstreamCall) => {
-      call = opened
-      cancelOpening = null
-      handlers.started?.()
-      if (write(head + handlers.frames(opened.first))) {
-        queueMicrotask(() => {
-          if (!done && !waiting) opened.resume()
+  const fail = (error: UpstreamError) => {
+    if (done) return
+    done = true
+    run(handlers.failed(error).pipe(
+      Effect.tap((frame) =>
+        Effect.sync(() => {
+          if (typeof frame === "string" && frame.length > 0) out!.write(frame)
         })
-      } else waiting = true
-    }
-
-    // Opening runs in a fiber of its own (on this request's context: same clock and services) so that the
-    // wait can give up on it without interrupting it; `scope` closing interrupts it. (A root fiber observed
-    // by a callback, as `Effect.runCallbackWith` does: a fraction of the cost of `forkIn` + join.) The call is
-    // owned by `scope` from the moment it resolves, so an interruption cannot leak it.
-    let outcome: Opened | null = null
-    let onOutcome: ((exit: Opened) => void) | null = null
-    const opening = runFork(
-      Effect.uninterruptibleMask((restore) =>
-        restore(open(sink)).pipe(Effect.tap((c) => Scope.addFinalizer(scope, Effect.sync(c.abort))))
-      )
-    )
-    opening.addObserver((exit) => {
-      outcome = exit
-      onOutcome?.(exit)
-    })
-    const interruptOpening = () => {
-      if (outcome === null) opening.interruptUnsafe()
-    }
-    cancelOpening = interruptOpening
-    yield* Scope.addFinalizer(scope, Effect.sync(interruptOpening))
-
-    const early = yield* awaitAtMost<Opened>(
-      firstEventWait,
-      (resume) => {
-        if (outcome !== null) return resume(outcome)
-        onOutcome = resume
-      },
-      () => void (onOutcome = null)
-    )
-    // An outcome that came just as the wait ran out is still in time.
-    const inTime = early ?? (outcome as Opened | null)
-    // As if there had been no wait: a failure here is still a JSON error.
-    const opened = inTime === null ? null : yield* inTime
-    touch = (yield* idlePinger(PING_INTERVAL, ping, scope)).touch
-
-    const committed = (exit: Opened) => {
-      if (done) {
-        if (Exit.isSuccess(exit)) exit.value.abort()
-        return
-      }
-      if (Exit.isSuccess(exit)) return begin(exit.value)
-      cancelOpening = null
-      const failure = Cause.findErrorOption(exit.cause)
-      if (failure._tag === "Some") return fail(failure.value)
-      // Interrupted (the request's scope closed) or a defect: end the body; the request is already settled
-      // (interruption) or is settled as failed here (defect).
-      if (Cause.hasInterruptsOnly(exit.cause)) {
-        done = true
+      ),
+      Effect.ensuring(Effect.sync(() => {
         cutting = true
-        return out!.cut()
-      }
-      fail(new UpstreamError({ kind: "protocol", detail: `opening the stream failed: ${Cause.pretty(exit.cause)}` }))
-    }
+        out!.cut()
+      }))
+    ))
+  }
 
-    return {
-      run: (output) =>
-        Effect.callback<void>((resume) => {
-          out = output
-          finish = () => resume(Effect.void)
-          if (opened !== null) begin(opened)
-          else {
-            // Committed: the 200 headers go out with the first ping.
-            write(pingFrame)
-            // The outcome may have come while the pinger was being set up.
-            if (outcome !== null) committed(outcome)
-            else onOutcome = committed
-          }
-          return Effect.sync(cancel)
-        }),
-      drained: () => {
-        if (waiting && call !== null && !done) {
-          waiting = false
-          call.resume()
-        }
-      },
-      closed: () => {
-        if (cutting) finish?.()
-      }
-    }
+  const sink: UpstreamSink = {
+    onEvents: (events) => {
+      if (done) return false
+      const ok = write(handlers.frames(events))
+      if (!ok) waiting = true
+      return ok
+    },
+    onEnd: () => {
+      if (done) return
+      done = true
+      run(handlers.end.pipe(Effect.tap((last) =>
+        Effect.sync(() => {
+          touch()
+          out!.end(last)
+          finish?.()
+        })
+      )))
+    },
+    onError: fail
+  }
+
+  /** The call is open: writes the head and its first events; the rest flows once the client is ready. */
+  const begin = (opened: UpstreamCall) => {
+    call = opened
+    cancelOpening = null
+    handlers.started?.()
+    if (write(head + handlers.frames(opened.first))) {
+      queueMicrotask(() => {
+        if (!done && !waiting) opened.resume()
+      })
+    } else waiting = true
+  }
+
+  // Opening runs in a fiber of its own (on this request's context: same clock and services) so that the
+  // wait can give up on it without interrupting it; `scope` closing interrupts it. (A root fiber observed
+  // by a callback, as `Effect.runCallbackWith` does: a fraction of the cost of `forkIn` + join.) The call is
+  // owned by `scope` from the moment it resolves, so an interruption cannot leak it.
+  let outcome: Opened | null = null
+  let onOutcome: ((exit: Opened) => void) | null = null
+  const opening = runFork(
+    Effect.uninterruptibleMask((restore) =>
+      restore(open(sink)).pipe(Effect.tap((c) => Scope.addFinalizer(scope, Effect.sync(c.abort))))
+    )
+  )
+  opening.addObserver((exit) => {
+    outcome = exit
+    onOutcome?.(exit)
   })
+  const interruptOpening = () => {
+    if (outcome === null) opening.interruptUnsafe()
+  }
+  cancelOpening = interruptOpening
+  yield* Scope.addFinalizer(scope, Effect.sync(interruptOpening))
+
+  const early = yield* awaitAtMost<Opened>(
+    firstEventWait,
+    (resume) => {
+      if (outcome !== null) return resume(outcome)
+      onOutcome = resume
+    },
+    () => void (onOutcome = null)
+  )
+  // An outcome that came just as the wait ran out is still in time.
+  const inTime = early ?? (outcome as Opened | null)
+  // As if there had been no wait: a failure here is still a JSON error.
+  const opened = inTime === null ? null : yield* inTime
+  touch = (yield* idlePinger(PING_INTERVAL, ping, scope)).touch
+
+  const committed = (exit: Opened) => {
+    if (done) {
+      if (Exit.isSuccess(exit)) exit.value.abort()
+      return
+    }
+    if (Exit.isSuccess(exit)) return begin(exit.value)
+    cancelOpening = null
+    const failure = Cause.findErrorOption(exit.cause)
+    if (failure._tag === "Some") return fail(failure.value)
+    // Interrupted (the request's scope closed) or a defect: end the body; the request is already settled
+    // (interruption) or is settled as failed here (defect).
+    if (Cause.hasInterruptsOnly(exit.cause)) {
+      done = true
+      cutting = true
+      return out!.cut()
+    }
+    fail(new UpstreamError({ kind: "protocol", detail: `opening the stream failed: ${Cause.pretty(exit.cause)}` }))
+  }
+
+  return {
+    run: (output) =>
+      Effect.callback<void>((resume) => {
+        out = output
+        finish = () => resume(Effect.void)
+        if (opened !== null) begin(opened)
+        else {
+          // Committed: the 200 headers go out with the first ping.
+          write(pingFrame)
+          // The outcome may have come while the pinger was being set up.
+          if (outcome !== null) committed(outcome)
+          else onOutcome = committed
+        }
+        return Effect.sync(cancel)
+      }),
+    drained: () => {
+      if (waiting && call !== null && !done) {
+        waiting = false
+        call.resume()
+      }
+    },
+    closed: () => {
+      if (cutting) finish?.()
+    }
+  }
+})
 
 /** How long a cut stream's connection may take to flush what was written before it is destroyed. */
 const CUT_GRACE_MS = 5_000
@@ -313,18 +318,17 @@ export const nodeOutput = (
  * Streams `body` as this request's response and completes when it has ended. The response it returns is
  * never written: the stream has already answered (the server skips an ended or destroyed response).
  */
-export const sseResponse = (body: SseBody, headers: Readonly<Record<string, string>>) =>
-  Effect.gen(function*() {
-    const request = yield* HttpServerRequest.HttpServerRequest
-    const requestId = yield* currentRequestId
-    const response = NodeHttpServerRequest.toServerResponse(request) as Http.ServerResponse
-    yield* body.run(nodeOutput(response, {
-      ...headers,
-      "content-type": "text/event-stream",
-      [REQUEST_ID_HEADER]: requestId
-    }, body))
-    return STREAMED
-  })
+export const sseResponse = Effect.fnUntraced(function*(body: SseBody, headers: Readonly<Record<string, string>>) {
+  const request = yield* HttpServerRequest.HttpServerRequest
+  const requestId = yield* currentRequestId
+  const response = NodeHttpServerRequest.toServerResponse(request) as Http.ServerResponse
+  yield* body.run(nodeOutput(response, {
+    ...headers,
+    "content-type": "text/event-stream",
+    [REQUEST_ID_HEADER]: requestId
+  }, body))
+  return STREAMED
+})
 
 const STREAMED = HttpServerResponse.empty({ status: 200 })
 

@@ -1,12 +1,13 @@
 /**
- * Young-generation sizing under a heap bound (and, in embedded mode, the WebAssembly tier and malloc arenas).
+ * V8's heap settings the gateway runs with: no allocation-site pretenuring, young-generation sizing under a heap
+ * bound (and, in embedded mode, the WebAssembly tier and malloc arenas).
  *
  * Since V8 13 (Node 24), the young generation is sized from the machine's memory, not from
  * `--max-old-space-size`: on a 24 GB host each semi-space is 64 MB. Under `--max-old-space-size=160` the heap
  * limit becomes ~369 MB, and the old generation runs a mark-compact every ~100 ms at ~65 MB used (measured:
  * 92 mark-compacts in 15 s, 5-10x lower throughput than without the bound). Capping the semi-space restores the
- * Node 20 behaviour. Flags cannot change after V8 starts, so a bounded process that did not choose a semi-space
- * size replaces itself once (`process.execve`: same PID, same arguments) with the cap added.
+ * Node 20 behaviour. Flags cannot change after V8 starts, so a process missing one of these flags replaces itself
+ * once (`process.execve`: same PID, same arguments) with them added.
  */
 
 /** Semi-space cap in MB applied under a heap bound; measured in docs/decisions.md ("Heap bound on Node 24"). */
@@ -17,18 +18,26 @@ const flagsOf = (execArgv: ReadonlyArray<string>, nodeOptions: string | undefine
   ...(nodeOptions ?? "").split(/\s+/).filter((s) => s.length > 0)
 ]
 
-const hasFlag = (flags: ReadonlyArray<string>, name: string): boolean =>
-  flags.some((f) => f === name || f.startsWith(`${name}=`) || f === name.replaceAll("-", "_") ||
-    f.startsWith(`${name.replaceAll("-", "_")}=`))
+/** `name` (`--a-b`) given in either spelling V8 accepts (`--a-b`, `--a_b`), with or without a value. */
+const hasFlag = (flags: ReadonlyArray<string>, name: string): boolean => {
+  const underscored = `--${name.slice(2).replaceAll("-", "_")}`
+  return flags.some((f) => f === name || f.startsWith(`${name}=`) || f === underscored || f.startsWith(`${underscored}=`))
+}
 
 /**
- * The node arguments to restart with, or null when the process should run as it is. Two flags may be added:
+ * The node arguments to restart with, or null when the process should run as it is. Three flags may be added:
+ * - `--no-allocation-site-pretenuring` unless the operator chose either form: V8 allocates the objects of an
+ *   allocation site straight into the old generation once most of them survived a scavenge, and under load a
+ *   request's own objects qualify (a scavenge finds the requests in flight). Those old objects then point at the
+ *   young ones of their request, which survive every scavenge until the next mark-compact: measured, 6.8 KB promoted
+ *   per request and a mark-compact every ~200 ms, against 1.2 KB without it; 30 % less CPU per request
+ *   (docs/decisions.md, "No generator function per request");
  * - `--max-semi-space-size` under a heap bound (`--max-old-space-size`) unless the operator chose a size;
  * - `--liftoff-only` in embedded mode (no `DATABASE_URL`) unless the operator chose a WebAssembly tier: V8's
  *   optimizing compile of PGlite's 25 MB module takes ~500 MB for a second or two after boot (measured: peak RSS
  *   819 MB against 310 MB without it), for no measurable gain in CPU per request (the database runs in its own
  *   worker and sees a few batched writes per second).
- * Null with neither, with the opt-out (`WELLSPRING_HEAP_TUNING=0`), or on a runtime without `process.execve`.
+ * Null with none to add, with the opt-out (`WELLSPRING_HEAP_TUNING=0`), or on a runtime without `process.execve`.
  */
 export const boundedRestartArgs = (input: {
   readonly execArgv: ReadonlyArray<string>
@@ -40,6 +49,9 @@ export const boundedRestartArgs = (input: {
   if (!input.canExec || input.optOut === "0") return null
   const flags = flagsOf(input.execArgv, input.nodeOptions)
   const added: Array<string> = []
+  if (!hasFlag(flags, "--allocation-site-pretenuring") && !hasFlag(flags, "--no-allocation-site-pretenuring")) {
+    added.push("--no-allocation-site-pretenuring")
+  }
   if (hasFlag(flags, "--max-old-space-size") && !hasFlag(flags, "--max-semi-space-size")) {
     added.push(`--max-semi-space-size=${SEMI_SPACE_MB}`)
   }

@@ -41,56 +41,57 @@ const build = (provider: Provider): Entry => {
   return { provider, fingerprint: fingerprintOf(provider), adapter, close: adapter.close() }
 }
 
-export const makeUpstreams = (
+export const makeUpstreams: (
   getProviders: GetProviders
-): Effect.Effect<Context.Service.Shape<typeof Upstreams>, never, Scope.Scope> =>
-  Effect.gen(function*() {
-    const scope = yield* Effect.scope
-    const cache = new Map<string, Entry>()
-    yield* Effect.addFinalizer(() =>
-      Effect.suspend(() => {
-        const entries = [...cache.values()]
-        cache.clear()
-        return Effect.forEach(entries, (entry) => entry.close, { concurrency: "unbounded", discard: true })
-      })
-    )
-
-    const lookup = (providers: Readonly<Record<string, Provider>>, name: string) =>
-      Effect.suspend(() => {
-        const provider = Object.prototype.hasOwnProperty.call(providers, name) ? providers[name] : undefined
-        if (provider === undefined) {
-          return Effect.fail(new UpstreamError({ kind: "connect", detail: `unknown upstream provider "${name}"` }))
-        }
-        const cached = cache.get(name)
-        if (cached !== undefined && cached.provider === provider) return Effect.succeed(cached.adapter)
-        const fingerprint = fingerprintOf(provider)
-        if (cached !== undefined && cached.fingerprint === fingerprint) {
-          cached.provider = provider
-          return Effect.succeed(cached.adapter)
-        }
-        const entry = build(provider)
-        cache.set(name, entry)
-        const keyEnv = keyEnvOf(provider)
-        const warnings = keyEnv !== undefined && !process.env[keyEnv]
-          ? Effect.logWarning(`upstream provider "${name}": environment variable ${keyEnv} is empty; no API key sent`)
-          : provider.kind === "anthropic" && keyEnv === undefined
-          ? Effect.logWarning(`upstream provider "${name}": anthropic provider without api_key_env; no API key sent`)
-          : Effect.void
-        if (cached === undefined) return Effect.as(warnings, entry.adapter)
-        // In-flight requests keep the old pool until they finish (or the grace period ends).
-        return Effect.as(
-          Effect.logInfo(`upstream provider "${name}" changed; adapter rebuilt`).pipe(
-            Effect.andThen(warnings),
-            Effect.andThen(Effect.forkIn(cached.close, scope))
-          ),
-          entry.adapter
-        )
-      })
-
-    return Upstreams.of({
-      get: (name) => Effect.flatMap(getProviders, (providers) => lookup(providers, name))
+) => Effect.Effect<Context.Service.Shape<typeof Upstreams>, never, Scope.Scope> = Effect.fnUntraced(function*(
+  getProviders: GetProviders
+) {
+  const scope = yield* Effect.scope
+  const cache = new Map<string, Entry>()
+  yield* Effect.addFinalizer(() =>
+    Effect.suspend(() => {
+      const entries = [...cache.values()]
+      cache.clear()
+      return Effect.forEach(entries, (entry) => entry.close, { concurrency: "unbounded", discard: true })
     })
+  )
+
+  const lookup = (providers: Readonly<Record<string, Provider>>, name: string) =>
+    Effect.suspend(() => {
+      const provider = Object.prototype.hasOwnProperty.call(providers, name) ? providers[name] : undefined
+      if (provider === undefined) {
+        return Effect.fail(new UpstreamError({ kind: "connect", detail: `unknown upstream provider "${name}"` }))
+      }
+      const cached = cache.get(name)
+      if (cached !== undefined && cached.provider === provider) return Effect.succeed(cached.adapter)
+      const fingerprint = fingerprintOf(provider)
+      if (cached !== undefined && cached.fingerprint === fingerprint) {
+        cached.provider = provider
+        return Effect.succeed(cached.adapter)
+      }
+      const entry = build(provider)
+      cache.set(name, entry)
+      const keyEnv = keyEnvOf(provider)
+      const warnings = keyEnv !== undefined && !process.env[keyEnv]
+        ? Effect.logWarning(`upstream provider "${name}": environment variable ${keyEnv} is empty; no API key sent`)
+        : provider.kind === "anthropic" && keyEnv === undefined
+        ? Effect.logWarning(`upstream provider "${name}": anthropic provider without api_key_env; no API key sent`)
+        : Effect.void
+      if (cached === undefined) return Effect.as(warnings, entry.adapter)
+      // In-flight requests keep the old pool until they finish (or the grace period ends).
+      return Effect.as(
+        Effect.logInfo(`upstream provider "${name}" changed; adapter rebuilt`).pipe(
+          Effect.andThen(warnings),
+          Effect.andThen(Effect.forkIn(cached.close, scope))
+        ),
+        entry.adapter
+      )
+    })
+
+  return Upstreams.of({
+    get: (name) => Effect.flatMap(getProviders, (providers) => lookup(providers, name))
   })
+})
 
 /** The service over a source of the current providers (e.g. the live catalog's). */
 export const layer = (getProviders: GetProviders): Layer.Layer<Upstreams> =>

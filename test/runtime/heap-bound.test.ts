@@ -6,31 +6,44 @@ import { describe, expect, it } from "vitest"
 import { boundedRestartArgs, boundedRestartEnv, MALLOC_ARENAS, SEMI_SPACE_MB } from "../../src/runtime/HeapBound.js"
 
 const base = { nodeOptions: undefined, optOut: undefined, canExec: true }
+const NO_PRETENURING = "--no-allocation-site-pretenuring"
+/** The same restart with the operator's choice of pretenuring, so each test below isolates its own flag. */
+const chosen = ["--allocation-site-pretenuring"]
 
 describe("heap bound: young generation capped under --max-old-space-size", () => {
+  it("turns allocation-site pretenuring off unless the operator chose either form, in both modes", () => {
+    expect(boundedRestartArgs({ ...base, execArgv: [] })).toEqual([NO_PRETENURING])
+    expect(boundedRestartArgs({ ...base, execArgv: ["--inspect"], embedded: false })).toEqual(["--inspect", NO_PRETENURING])
+    expect(boundedRestartArgs({ ...base, execArgv: [NO_PRETENURING] })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: ["--allocation_site_pretenuring"] })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [], nodeOptions: "--allocation-site-pretenuring" })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [], optOut: "0" })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [], canExec: false })).toBeNull()
+  })
+
   it("adds the semi-space cap only when the heap is bounded and the operator chose none", () => {
-    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160"] }))
-      .toEqual(["--max-old-space-size=160", `--max-semi-space-size=${SEMI_SPACE_MB}`])
-    expect(boundedRestartArgs({ ...base, execArgv: [] })).toBeNull()
-    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", "--max-semi-space-size=32"] }))
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", ...chosen] }))
+      .toEqual(["--max-old-space-size=160", ...chosen, `--max-semi-space-size=${SEMI_SPACE_MB}`])
+    expect(boundedRestartArgs({ ...base, execArgv: [...chosen] })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", "--max-semi-space-size=32", ...chosen] }))
       .toBeNull()
-    expect(boundedRestartArgs({ ...base, execArgv: ["--max_old_space_size=160", "--max_semi_space_size=4"] }))
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max_old_space_size=160", "--max_semi_space_size=4", ...chosen] }))
       .toBeNull()
     // A bound given through NODE_OPTIONS counts; the restart keeps NODE_OPTIONS in the environment.
-    expect(boundedRestartArgs({ ...base, execArgv: [], nodeOptions: "--max-old-space-size=200" }))
-      .toEqual([`--max-semi-space-size=${SEMI_SPACE_MB}`])
-    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160"], optOut: "0" })).toBeNull()
-    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160"], canExec: false })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [...chosen], nodeOptions: "--max-old-space-size=200" }))
+      .toEqual([...chosen, `--max-semi-space-size=${SEMI_SPACE_MB}`])
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", ...chosen], optOut: "0" })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", ...chosen], canExec: false })).toBeNull()
   })
 
   it("embedded mode adds --liftoff-only unless a WebAssembly tier was chosen; production does not", () => {
-    expect(boundedRestartArgs({ ...base, execArgv: [], embedded: true })).toEqual(["--liftoff-only"])
-    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160"], embedded: true }))
-      .toEqual(["--max-old-space-size=160", `--max-semi-space-size=${SEMI_SPACE_MB}`, "--liftoff-only"])
-    expect(boundedRestartArgs({ ...base, execArgv: [], embedded: false })).toBeNull()
-    expect(boundedRestartArgs({ ...base, execArgv: ["--no-liftoff-only"], embedded: true })).toBeNull()
-    expect(boundedRestartArgs({ ...base, execArgv: [], nodeOptions: "--liftoff-only", embedded: true })).toBeNull()
-    expect(boundedRestartArgs({ ...base, execArgv: [], embedded: true, optOut: "0" })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [...chosen], embedded: true })).toEqual([...chosen, "--liftoff-only"])
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", ...chosen], embedded: true }))
+      .toEqual(["--max-old-space-size=160", ...chosen, `--max-semi-space-size=${SEMI_SPACE_MB}`, "--liftoff-only"])
+    expect(boundedRestartArgs({ ...base, execArgv: [...chosen], embedded: false })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: ["--no-liftoff-only", ...chosen], embedded: true })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [...chosen], nodeOptions: "--liftoff-only", embedded: true })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [...chosen], embedded: true, optOut: "0" })).toBeNull()
   })
 
   it("embedded mode caps glibc's malloc arenas unless the operator set them; production does not", () => {
@@ -76,6 +89,7 @@ describe("heap bound: young generation capped under --max-old-space-size", () =>
       import v8 from "node:v8"
       const { applyHeapBound } = await import(${JSON.stringify(module)})
       console.log(JSON.stringify({ pid: process.pid, args: process.execArgv.filter((a) => a.startsWith("--max")),
+        pretenuring: process.execArgv.filter((a) => a.includes("pretenuring")),
         limitMb: Math.round(v8.getHeapStatistics().heap_size_limit / 1048576) }))
       applyHeapBound()
     `)
@@ -85,9 +99,12 @@ describe("heap bound: young generation capped under --max-old-space-size", () =>
         env: { ...process.env, WELLSPRING_HEAP_TUNING: "", DATABASE_URL: "postgres://unused" }
       })
       expect(run.status).toBe(0)
-      const lines = run.stdout.trim().split("\n").map((l) => JSON.parse(l) as { pid: number; args: string[]; limitMb: number })
+      const lines = run.stdout.trim().split("\n").map((l) =>
+        JSON.parse(l) as { pid: number; args: string[]; pretenuring: string[]; limitMb: number }
+      )
       const last = lines.at(-1)!
       expect(last.args).toEqual(["--max-old-space-size=160", `--max-semi-space-size=${SEMI_SPACE_MB}`])
+      expect(lines.map((l) => l.pretenuring)).toEqual([[], [NO_PRETENURING]])
       expect(lines.every((l) => l.pid === lines[0]!.pid)).toBe(true)
       // Old space 160 MB plus a young generation of three capped semi-spaces.
       expect(last.limitMb).toBeLessThanOrEqual(160 + 3 * SEMI_SPACE_MB + 8)

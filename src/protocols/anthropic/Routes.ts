@@ -4,7 +4,7 @@
  */
 import { Effect, Result } from "effect"
 import { HttpRouter, HttpServerRequest } from "effect/http"
-import { Auth } from "../../auth/Auth.js"
+import { Auth, type Caller } from "../../auth/Auth.js"
 import { LiveCatalog, Settings } from "../../config/Live.js"
 import { fail, InferenceMessages } from "../../errors/Catalog.js"
 import { readJsonWith } from "../../http/Body.js"
@@ -45,34 +45,49 @@ export const countTokens = HttpRouter.add(
     const auth = yield* Auth
     const settings = yield* Settings
     const catalog = yield* LiveCatalog
-    return yield* handle(
-      renderAnthropic,
-      Effect.gen(function*() {
-        const caller = yield* auth.bearer(request, true)
-        yield* guardFailures(caller)
-        return yield* Effect.gen(function*() {
-          yield* auth.gate(caller, headersOf(request))
-          const limits = settings.config.limits
-          const body = yield* readJsonWith(request, limits)
-          const decoded = decodeMessagesRequest(body, limits, true)
-          if (Result.isFailure(decoded)) return yield* Effect.fail(decoded.failure)
-          const req = decoded.success.request
-          // Thinking does not change the input: the effort is not checked here.
-          const { reasoning_effort: _, ...input } = req
-          const checked = checkModel(input, lookupModel(catalog.current(), req.model))
-          if (Result.isFailure(checked)) return yield* Effect.fail(checked.failure)
-          const model = checked.success.model
-          const size = measure(req.messages, req.tools)
-          if (size.images > 0 && !model.supports_images) return yield* Effect.fail(fail("images_not_supported"))
-          const { exceeds, tokens } = yield* countInput(size, model.max_input_tokens)
-          if (exceeds) {
-            return yield* Effect.fail(
-              fail("input_too_long", { message: InferenceMessages.inputTooLong(model.max_input_tokens, tokens) })
-            )
-          }
-          return json({ input_tokens: tokens })
-        }).pipe(Effect.tapError((error) => recordFailure(caller, error)))
-      })
-    )
+    return yield* handle(renderAnthropic, countAnswer(request, auth, settings, catalog))
   })
 )
+
+/** `count_tokens`'s answer, made once (see "No generator function per request" in docs/decisions.md). */
+const countAnswer = Effect.fnUntraced(function*(
+  request: HttpServerRequest.HttpServerRequest,
+  auth: typeof Auth.Service,
+  settings: typeof Settings.Service,
+  catalog: typeof LiveCatalog.Service
+) {
+  const caller = yield* auth.bearer(request, true)
+  yield* guardFailures(caller)
+  return yield* countChecked(request, auth, settings, catalog, caller).pipe(
+    Effect.tapError((error) => recordFailure(caller, error))
+  )
+})
+
+const countChecked = Effect.fnUntraced(function*(
+  request: HttpServerRequest.HttpServerRequest,
+  auth: typeof Auth.Service,
+  settings: typeof Settings.Service,
+  catalog: typeof LiveCatalog.Service,
+  caller: Caller
+) {
+  yield* auth.gate(caller, headersOf(request))
+  const limits = settings.config.limits
+  const body = yield* readJsonWith(request, limits)
+  const decoded = decodeMessagesRequest(body, limits, true)
+  if (Result.isFailure(decoded)) return yield* Effect.fail(decoded.failure)
+  const req = decoded.success.request
+  // Thinking does not change the input: the effort is not checked here.
+  const { reasoning_effort: _, ...input } = req
+  const checked = checkModel(input, lookupModel(catalog.current(), req.model))
+  if (Result.isFailure(checked)) return yield* Effect.fail(checked.failure)
+  const model = checked.success.model
+  const size = measure(req.messages, req.tools)
+  if (size.images > 0 && !model.supports_images) return yield* Effect.fail(fail("images_not_supported"))
+  const { exceeds, tokens } = yield* countInput(size, model.max_input_tokens)
+  if (exceeds) {
+    return yield* Effect.fail(
+      fail("input_too_long", { message: InferenceMessages.inputTooLong(model.max_input_tokens, tokens) })
+    )
+  }
+  return json({ input_tokens: tokens })
+})

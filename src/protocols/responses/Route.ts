@@ -93,31 +93,34 @@ export const makeResponsesCodec = (
     return nearestEffort(effort, config.supports_reasoning ? config.reasoning_efforts : [])
   }
 
-  const decode = (body: unknown, exchange: ExchangeView, limits: Parameters<WireCodec["decode"]>[2]) =>
-    Effect.gen(function*() {
-      const decoded = decodeResponsesRequest(body, limits)
-      if (Result.isFailure(decoded)) return yield* Effect.fail(decoded.failure)
-      const call = decoded.success
-      const now = yield* Clock.currentTimeMillis
-      let history: ReadonlyArray<Message> = []
-      if (call.previousResponseId !== null) {
-        const chain = yield* store.chain(exchange.accountId, call.previousResponseId, now, limits.messages)
-        if (chain._tag === "NotFound") return yield* Effect.fail(notFound())
-        if (chain._tag === "TooLong") return yield* Effect.fail(fail("invalid_request", { message: ResponsesMessages.storedTooLong }))
-        history = chain.messages
-      }
-      const stream = call.chat.stream === true
-      const chat = chatRequestOf(call, history, stream)
-      const request = chat.reasoning_effort === undefined ? chat : (() => {
-        const { reasoning_effort, ...rest } = chat
-        const effort = effortFor(chat.model, reasoning_effort)
-        return effort === undefined ? rest : { ...rest, reasoning_effort: effort }
-      })()
-      turns.set(exchange, { id: newId("resp"), call, createdAt: now, encoder: null, output: null })
-      const present = body as Record<string, unknown>
-      const ignored = IGNORED_FIELDS.filter((f) => present[f] !== undefined && present[f] !== null)
-      return ignored.length > 0 ? { request, ignored } : { request }
-    })
+  const decode = Effect.fnUntraced(function*(
+    body: unknown,
+    exchange: ExchangeView,
+    limits: Parameters<WireCodec["decode"]>[2]
+  ) {
+    const decoded = decodeResponsesRequest(body, limits)
+    if (Result.isFailure(decoded)) return yield* Effect.fail(decoded.failure)
+    const call = decoded.success
+    const now = yield* Clock.currentTimeMillis
+    let history: ReadonlyArray<Message> = []
+    if (call.previousResponseId !== null) {
+      const chain = yield* store.chain(exchange.accountId, call.previousResponseId, now, limits.messages)
+      if (chain._tag === "NotFound") return yield* Effect.fail(notFound())
+      if (chain._tag === "TooLong") return yield* Effect.fail(fail("invalid_request", { message: ResponsesMessages.storedTooLong }))
+      history = chain.messages
+    }
+    const stream = call.chat.stream === true
+    const chat = chatRequestOf(call, history, stream)
+    const request = chat.reasoning_effort === undefined ? chat : (() => {
+      const { reasoning_effort, ...rest } = chat
+      const effort = effortFor(chat.model, reasoning_effort)
+      return effort === undefined ? rest : { ...rest, reasoning_effort: effort }
+    })()
+    turns.set(exchange, { id: newId("resp"), call, createdAt: now, encoder: null, output: null })
+    const present = body as Record<string, unknown>
+    const ignored = IGNORED_FIELDS.filter((f) => present[f] !== undefined && present[f] !== null)
+    return ignored.length > 0 ? { request, ignored } : { request }
+  })
 
   /** Keeps the finished response (the stream's or the whole answer's output) when the client asked to store it. */
   const completed = (exchange: ExchangeView, answer: Answer): Effect.Effect<void> =>
@@ -189,31 +192,37 @@ export const createResponse = pipelineRoute(
 )
 
 /** The caller of a stored-response route (key and account gates), and the path's id when it can be one. */
-const storedRoute = <A>(
-  f: (
-    store: typeof ResponseStore.Service,
-    accountId: string,
-    id: string,
-    now: number
-  ) => Effect.Effect<A, GatewayError>
-) =>
-  Effect.gen(function*() {
-    const request = yield* HttpServerRequest.HttpServerRequest
-    const auth = yield* Auth
-    const store = yield* ResponseStore
-    return yield* handle(
-      renderInference,
-      Effect.gen(function*() {
-        const caller = yield* auth.bearer(request)
-        yield* auth.gate(caller, headersOf(request))
-        const params = yield* HttpRouter.params
-        const id = params.id ?? ""
-        if (id.length === 0 || id.length > RESPONSE_ID_CHARS) return yield* Effect.fail(notFound())
-        const now = yield* Clock.currentTimeMillis
-        return json(yield* f(store, caller.account.id, id, now))
-      })
-    )
-  })
+type StoredStep<A> = (
+  store: typeof ResponseStore.Service,
+  accountId: string,
+  id: string,
+  now: number
+) => Effect.Effect<A, GatewayError>
+
+const storedRoute = <A>(f: StoredStep<A>) => storedHandler(f as StoredStep<unknown>)
+
+const storedHandler = Effect.fnUntraced(function*(f: StoredStep<unknown>) {
+  const request = yield* HttpServerRequest.HttpServerRequest
+  const auth = yield* Auth
+  const store = yield* ResponseStore
+  return yield* handle(renderInference, storedAnswer(request, auth, store, f))
+})
+
+/** The stored-response route's steps, made once (see "No generator function per request" in docs/decisions.md). */
+const storedAnswer = Effect.fnUntraced(function*(
+  request: HttpServerRequest.HttpServerRequest,
+  auth: typeof Auth.Service,
+  store: typeof ResponseStore.Service,
+  f: StoredStep<unknown>
+) {
+  const caller = yield* auth.bearer(request)
+  yield* auth.gate(caller, headersOf(request))
+  const params = yield* HttpRouter.params
+  const id = params.id ?? ""
+  if (id.length === 0 || id.length > RESPONSE_ID_CHARS) return yield* Effect.fail(notFound())
+  const now = yield* Clock.currentTimeMillis
+  return json(yield* f(store, caller.account.id, id, now))
+})
 
 /** `GET /v1/responses/{id}`: the account's stored response; another account's, expired or unknown: 404. */
 export const retrieveResponse = HttpRouter.add(
