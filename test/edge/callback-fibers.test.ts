@@ -2,11 +2,12 @@
  * Fibers a request starts from callbacks (a stream's settle or cancellation) are tracked by the server: the
  * shutdown drain waits for them, and the ones still running after the grace period are interrupted.
  */
-import { Effect, Layer, ManagedRuntime, References } from "effect"
+import { Deferred, Effect, Exit, Fiber, Layer, ManagedRuntime, References, Scope } from "effect"
 import { HttpRouter, HttpServerResponse } from "effect/http"
 import { describe, expect, it } from "vitest"
 import { loadConfig } from "../../src/config/GatewayConfig.js"
 import { Settings } from "../../src/config/Live.js"
+import * as CallbackFibers from "../../src/http/CallbackFibers.js"
 import { runForkTracked } from "../../src/http/CallbackFibers.js"
 import * as Server from "../../src/http/Server.js"
 
@@ -81,5 +82,45 @@ describe("callback fibers and the shutdown drain", () => {
     expect(await (await fetch(`${url}/start`)).text()).toBe("started")
     await runtime.dispose()
     expect(order).toEqual(["interrupted"])
+  })
+})
+
+describe("the tracked-fiber list", () => {
+  it("the wait for it to empty ends only after the last tracked fiber, whichever order they end in", async () => {
+    const stillWaiting = await Effect.runPromise(Effect.scoped(Effect.gen(function*() {
+      const fibers = yield* CallbackFibers.make
+      // Empty: nothing to wait for.
+      yield* fibers.awaitEmpty
+      const gates = yield* Effect.forEach([0, 1, 2, 3], () => Deferred.make<void>())
+      const started = gates.map((gate) => Effect.runFork(Deferred.await(gate)))
+      for (const fiber of started) fibers.track(fiber)
+      // One that has already ended leaves the list at once.
+      fibers.track(Effect.runFork(Effect.void))
+      const waiting = yield* Effect.forkChild(fibers.awaitEmpty)
+      const seen: Array<boolean> = []
+      // The middle, the first, the last, then the one left.
+      for (const index of [1, 0, 3, 2]) {
+        seen.push(waiting.pollUnsafe() === undefined)
+        yield* Deferred.succeed(gates[index]!, undefined)
+        yield* Fiber.await(started[index]!)
+      }
+      yield* Fiber.join(waiting)
+      return seen
+    })))
+    expect(stillWaiting).toEqual([true, true, true, true])
+  })
+
+  it("interrupts the fibers left when its scope closes, and any tracked after", async () => {
+    const exits = await Effect.runPromise(Effect.gen(function*() {
+      const scope = yield* Scope.make()
+      const fibers = yield* Scope.provide(CallbackFibers.make, scope)
+      const left = Effect.runFork(Effect.never)
+      fibers.track(left)
+      yield* Scope.close(scope, Exit.void)
+      const late = Effect.runFork(Effect.never)
+      fibers.track(late)
+      return [yield* Fiber.await(left), yield* Fiber.await(late)]
+    }))
+    expect(exits.map((exit) => Exit.hasInterrupts(exit))).toEqual([true, true])
   })
 })
