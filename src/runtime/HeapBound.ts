@@ -10,8 +10,19 @@
  * once (`process.execve`: same PID, same arguments) with them added.
  */
 
-/** Semi-space cap in MB applied under a heap bound; measured in docs/decisions.md ("Heap bound on Node 24"). */
+/**
+ * Semi-space cap in MB applied under a heap bound in embedded mode, where the embedded database leaves little room
+ * under the memory line; measured in docs/decisions.md ("Heap bound on Node 24").
+ */
 export const SEMI_SPACE_MB = 8
+
+/**
+ * Semi-space cap in MB in production mode (no database in the process). Each request waits on Redis twice, so more
+ * requests are in flight at a scavenge; 8 MB promoted them to the old generation wholesale (at 256 connections the
+ * GC helper threads took a third of the CPU). 32 MB costs ~50 MB of resident memory and halves the CPU per request
+ * at 256 connections (docs/decisions.md, "Redis on the hot path").
+ */
+export const PRODUCTION_SEMI_SPACE_MB = 32
 
 const flagsOf = (execArgv: ReadonlyArray<string>, nodeOptions: string | undefined): ReadonlyArray<string> => [
   ...execArgv,
@@ -32,7 +43,8 @@ const hasFlag = (flags: ReadonlyArray<string>, name: string): boolean => {
  *   young ones of their request, which survive every scavenge until the next mark-compact: measured, 6.8 KB promoted
  *   per request and a mark-compact every ~200 ms, against 1.2 KB without it; 30 % less CPU per request
  *   (docs/decisions.md, "No generator function per request");
- * - `--max-semi-space-size` under a heap bound (`--max-old-space-size`) unless the operator chose a size;
+ * - `--max-semi-space-size` under a heap bound (`--max-old-space-size`) unless the operator chose a size:
+ *   `SEMI_SPACE_MB` in embedded mode, `PRODUCTION_SEMI_SPACE_MB` in production;
  * - `--liftoff-only` in embedded mode (no `DATABASE_URL`) unless the operator chose a WebAssembly tier: V8's
  *   optimizing compile of PGlite's 25 MB module takes ~500 MB for a second or two after boot (measured: peak RSS
  *   819 MB against 310 MB without it), for no measurable gain in CPU per request (the database runs in its own
@@ -53,7 +65,7 @@ export const boundedRestartArgs = (input: {
     added.push("--no-allocation-site-pretenuring")
   }
   if (hasFlag(flags, "--max-old-space-size") && !hasFlag(flags, "--max-semi-space-size")) {
-    added.push(`--max-semi-space-size=${SEMI_SPACE_MB}`)
+    added.push(`--max-semi-space-size=${input.embedded === false ? PRODUCTION_SEMI_SPACE_MB : SEMI_SPACE_MB}`)
   }
   if (input.embedded === true && !hasFlag(flags, "--liftoff-only") && !hasFlag(flags, "--no-liftoff-only")) {
     added.push("--liftoff-only")

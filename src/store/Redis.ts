@@ -28,7 +28,6 @@ export class RedisClient extends Context.Service<RedisClient, {
   readonly client: Redis
 }>()("wellspring/store/RedisClient") {}
 
-/** ioredis options for fail-fast behaviour: bounded commands, no offline queue, background reconnects. */
 /** Lua prelude of every script here: \`now\` from ARGV[1] (epoch ms), or Redis \`TIME\` when it is empty. */
 export const LUA_NOW = `
 local now
@@ -38,6 +37,11 @@ if ARGV[1] ~= '' then now = tonumber(ARGV[1]) else
 end
 `
 
+/**
+ * ioredis options for fail-fast behaviour: bounded commands, no offline queue, background reconnects. Each command
+ * is written when it is sent, not gathered into a pipeline per tick: ioredis's automatic pipelining costs more CPU
+ * per command than the writes it saves at gateway loads (docs/decisions.md, "Redis on the hot path").
+ */
 export const clientOptions = (commandTimeoutMs: number): RedisOptions => ({
   lazyConnect: true,
   enableOfflineQueue: false,
@@ -45,7 +49,7 @@ export const clientOptions = (commandTimeoutMs: number): RedisOptions => ({
   maxRetriesPerRequest: 0,
   commandTimeout: commandTimeoutMs,
   connectTimeout: 2_000,
-  enableAutoPipelining: true,
+  enableAutoPipelining: false,
   retryStrategy: (times) => Math.min(times * 100, 2_000)
 })
 

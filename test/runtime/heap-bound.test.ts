@@ -3,7 +3,13 @@ import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
 import { describe, expect, it } from "vitest"
-import { boundedRestartArgs, boundedRestartEnv, MALLOC_ARENAS, SEMI_SPACE_MB } from "../../src/runtime/HeapBound.js"
+import {
+  boundedRestartArgs,
+  boundedRestartEnv,
+  MALLOC_ARENAS,
+  PRODUCTION_SEMI_SPACE_MB,
+  SEMI_SPACE_MB
+} from "../../src/runtime/HeapBound.js"
 
 const base = { nodeOptions: undefined, optOut: undefined, canExec: true }
 const NO_PRETENURING = "--no-allocation-site-pretenuring"
@@ -34,6 +40,18 @@ describe("heap bound: young generation capped under --max-old-space-size", () =>
       .toEqual([...chosen, `--max-semi-space-size=${SEMI_SPACE_MB}`])
     expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", ...chosen], optOut: "0" })).toBeNull()
     expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", ...chosen], canExec: false })).toBeNull()
+  })
+
+  it("sizes the young generation by mode: small beside the embedded database, larger in production", () => {
+    expect(PRODUCTION_SEMI_SPACE_MB).toBeGreaterThan(SEMI_SPACE_MB)
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", ...chosen], embedded: false }))
+      .toEqual(["--max-old-space-size=160", ...chosen, `--max-semi-space-size=${PRODUCTION_SEMI_SPACE_MB}`])
+    expect(boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", ...chosen], embedded: true }))
+      .toEqual(["--max-old-space-size=160", ...chosen, `--max-semi-space-size=${SEMI_SPACE_MB}`, "--liftoff-only"])
+    // The operator's size wins in production too.
+    expect(
+      boundedRestartArgs({ ...base, execArgv: ["--max-old-space-size=160", "--max-semi-space-size=8", ...chosen], embedded: false })
+    ).toBeNull()
   })
 
   it("embedded mode adds --liftoff-only unless a WebAssembly tier was chosen; production does not", () => {
@@ -103,11 +121,12 @@ describe("heap bound: young generation capped under --max-old-space-size", () =>
         JSON.parse(l) as { pid: number; args: string[]; pretenuring: string[]; limitMb: number }
       )
       const last = lines.at(-1)!
-      expect(last.args).toEqual(["--max-old-space-size=160", `--max-semi-space-size=${SEMI_SPACE_MB}`])
+      // Production mode (DATABASE_URL set): the larger young generation.
+      expect(last.args).toEqual(["--max-old-space-size=160", `--max-semi-space-size=${PRODUCTION_SEMI_SPACE_MB}`])
       expect(lines.map((l) => l.pretenuring)).toEqual([[], [NO_PRETENURING]])
       expect(lines.every((l) => l.pid === lines[0]!.pid)).toBe(true)
       // Old space 160 MB plus a young generation of three capped semi-spaces.
-      expect(last.limitMb).toBeLessThanOrEqual(160 + 3 * SEMI_SPACE_MB + 8)
+      expect(last.limitMb).toBeLessThanOrEqual(160 + 3 * PRODUCTION_SEMI_SPACE_MB + 8)
       // First run as started, second after the in-place restart.
       expect(lines).toHaveLength(2)
       expect(lines[0]!.args).toEqual(["--max-old-space-size=160"])
