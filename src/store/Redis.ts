@@ -14,6 +14,7 @@
  */
 import { Context, Data, Effect, Layer, Redacted } from "effect"
 import { Redis, type RedisOptions } from "ioredis"
+import type { Writable } from "node:stream"
 
 export interface RedisClientOptions {
   /** `redis://host:port/db`. Default `redis://127.0.0.1:6379`. */
@@ -53,6 +54,27 @@ export const clientOptions = (commandTimeoutMs: number): RedisOptions => ({
   retryStrategy: (times) => Math.min(times * 100, 2_000)
 })
 
+/**
+ * Commands written during one turn of the event loop leave in one `writev`: the first write corks the socket and
+ * the check phase uncorks it. A socket write costs about as much CPU as the command's own work in ioredis, and
+ * under load several requests reach Redis in the same turn (docs/decisions.md, "Redis on the hot path").
+ */
+export const coalesceWrites = (socket: Writable): void => {
+  let corked = false
+  const write = socket.write
+  socket.write = function(this: Writable, ...args: Parameters<Writable["write"]>) {
+    if (!corked) {
+      corked = true
+      this.cork()
+      setImmediate(() => {
+        corked = false
+        this.uncork()
+      })
+    }
+    return write.apply(this, args)
+  } as Writable["write"]
+}
+
 /** Settles when `promise` does or after `ms` of real time, whichever is first; never rejects. */
 export const within = (promise: Promise<unknown>, ms: number): Promise<void> => {
   let timer: ReturnType<typeof setTimeout> | undefined
@@ -75,6 +97,8 @@ export const make = (options: RedisClientOptions = {}) =>
     const client = yield* Effect.acquireRelease(
       Effect.sync(() => {
         const redis = new Redis(urlOf(options.url), clientOptions(options.commandTimeoutMs ?? 500))
+        // Each connection (the first and every reconnect) gets a new socket.
+        redis.on("connect", () => coalesceWrites(redis.stream))
         let lastLog = Number.NEGATIVE_INFINITY
         redis.on("error", (error: Error) => {
           const now = clock.currentTimeMillisUnsafe()
