@@ -4,6 +4,7 @@ import { HttpServerRequest, HttpServerResponse } from "effect/http"
 import type * as Http from "node:http"
 import { runForkTracked } from "../http/CallbackFibers.js"
 import { awaitAtMost, startTimer, stopTimer, type Timer } from "../runtime/Timers.js"
+import { holdForTurn } from "../runtime/TurnWrites.js"
 import { currentRequestId, REQUEST_ID_HEADER } from "../http/Respond.js"
 import { type UpstreamCall, UpstreamError, type UpstreamEvent, type UpstreamSink } from "../upstream/Upstream.js"
 
@@ -280,7 +281,9 @@ const CUT_GRACE_MS = 5_000
 
 /**
  * The output for a Node response: the first write sends the 200 status line with `headers` (in the same
- * packet as the first frames), `end` writes the closing frames with the last chunk. A cut ends the socket
+ * packet as the first frames), `end` writes the closing frames with the last chunk. What one turn of the event
+ * loop writes leaves in one socket write (`holdForTurn`): a stream whose upstream answer came whole is sent in
+ * one write, head to `[DONE]`, when its completion settles in the same turn. A cut ends the socket
  * once what was written has been flushed (the client sees the body end without its last chunk), and destroys
  * it if the client does not close within `CUT_GRACE_MS`.
  */
@@ -293,6 +296,8 @@ export const nodeOutput = (
   response.once("close", body.closed)
   const start = () => {
     if (!response.headersSent) response.writeHead(200, headers)
+    const socket = response.socket
+    if (socket !== null && !socket.destroyed) holdForTurn(socket)
   }
   return {
     write: (text) => {

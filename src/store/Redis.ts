@@ -14,7 +14,7 @@
  */
 import { Context, Data, Effect, Layer, Redacted } from "effect"
 import { Redis, type RedisOptions } from "ioredis"
-import type { Writable } from "node:stream"
+import { coalesceWrites } from "../runtime/TurnWrites.js"
 
 export interface RedisClientOptions {
   /** `redis://host:port/db`. Default `redis://127.0.0.1:6379`. */
@@ -54,27 +54,6 @@ export const clientOptions = (commandTimeoutMs: number): RedisOptions => ({
   retryStrategy: (times) => Math.min(times * 100, 2_000)
 })
 
-/**
- * Commands written during one turn of the event loop leave in one `writev`: the first write corks the socket and
- * the check phase uncorks it. A socket write costs about as much CPU as the command's own work in ioredis, and
- * under load several requests reach Redis in the same turn (docs/decisions.md, "Redis on the hot path").
- */
-export const coalesceWrites = (socket: Writable): void => {
-  let corked = false
-  const write = socket.write
-  socket.write = function(this: Writable, ...args: Parameters<Writable["write"]>) {
-    if (!corked) {
-      corked = true
-      this.cork()
-      setImmediate(() => {
-        corked = false
-        this.uncork()
-      })
-    }
-    return write.apply(this, args)
-  } as Writable["write"]
-}
-
 /** Settles when `promise` does or after `ms` of real time, whichever is first; never rejects. */
 export const within = (promise: Promise<unknown>, ms: number): Promise<void> => {
   let timer: ReturnType<typeof setTimeout> | undefined
@@ -97,7 +76,7 @@ export const make = (options: RedisClientOptions = {}) =>
     const client = yield* Effect.acquireRelease(
       Effect.sync(() => {
         const redis = new Redis(urlOf(options.url), clientOptions(options.commandTimeoutMs ?? 500))
-        // Each connection (the first and every reconnect) gets a new socket.
+        // Commands of one turn leave in one write; each connection (the first and every reconnect) gets a new socket.
         redis.on("connect", () => coalesceWrites(redis.stream))
         let lastLog = Number.NEGATIVE_INFINITY
         redis.on("error", (error: Error) => {

@@ -232,4 +232,64 @@ describe("Node output", () => {
     expect(headers.get("x-test")).toBe("1")
     expect(text).toBe("data: a\n\ndata: last\n\ndata: [DONE]\n\n")
   })
+
+  /** Counts the response socket's kernel writes (`_writev` of many chunks, or `_write`) from now on. */
+  const countWrites = (res: Http.ServerResponse) => {
+    const socket = res.socket as unknown as {
+      _writev: (...args: Array<unknown>) => void
+      _write: (...args: Array<unknown>) => void
+    }
+    const counts = { writes: 0 }
+    const writev = socket._writev.bind(socket)
+    const write = socket._write.bind(socket)
+    socket._writev = (...args) => {
+      counts.writes++
+      writev(...args)
+    }
+    socket._write = (...args) => {
+      counts.writes++
+      write(...args)
+    }
+    return counts
+  }
+
+  it("what one turn writes, head to [DONE], leaves in one socket write", async () => {
+    let counts = { writes: 0 }
+    const { text } = await serve((res) => {
+      counts = countWrites(res)
+      const output = nodeOutput(res, { "content-type": "text/event-stream" }, noBody)
+      output.write("data: a\n\n")
+      // Node's own cork lasts until the next tick; the completion may settle in a microtask after it.
+      process.nextTick(() =>
+        queueMicrotask(() => {
+          output.write("data: b\n\n")
+          output.end("data: last\n\ndata: [DONE]\n\n")
+        })
+      )
+    })
+    expect(text).toBe("data: a\n\ndata: b\n\ndata: last\n\ndata: [DONE]\n\n")
+    expect(counts.writes).toBe(1)
+  })
+
+  it("frames of later turns are not held back: one write per turn", async () => {
+    let counts = { writes: 0 }
+    const seen: Array<number> = []
+    const { text } = await serve((res) => {
+      counts = countWrites(res)
+      const output = nodeOutput(res, { "content-type": "text/event-stream" }, noBody)
+      output.write("data: a\n\n")
+      setImmediate(() => {
+        // The first turn's frame has left by the check phase that follows it.
+        seen.push(counts.writes)
+        output.write("data: b\n\n")
+        setImmediate(() => {
+          seen.push(counts.writes)
+          output.end("data: [DONE]\n\n")
+        })
+      })
+    })
+    expect(text).toBe("data: a\n\ndata: b\n\ndata: [DONE]\n\n")
+    expect(seen).toEqual([1, 2])
+    expect(counts.writes).toBe(3)
+  })
 })
