@@ -344,38 +344,70 @@ export interface Span {
 /**
  * The request rows of `span` matching `where` (on `model_id`, `account_id` and `byok` only, the columns both tables
  * have), as summed rows: the whole minutes inside the span from `request_minutes` (kept by a trigger on every
- * insert, migration 0009), the partial minutes at its two ends row by row from `request_log` (two short index
- * ranges). The sums are exact whatever the span's edges. Columns: `model_id`, `account_id`, `byok`, `at` (a
- * row's time, or its minute's start), `requests`, `successes`, `failures` (MODEL_FAILURE), `ttfb_sum`/`ttfb_count`
- * and `tps_sum`/`tps_count` (successes with a figure), `input_tokens`, `output_tokens`.
+ * insert, migration 0009), and each partial minute at its two ends from whichever side of the edge is shorter:
+ * its rows from `request_log` (a short index range), or its minute's sums less the rows of the minute outside the
+ * span (negative rows). A span that ends now thus reads the rows after now, which are none, instead of every row
+ * of the current minute; a span's start reads at most half a minute of rows. The sums are exact whatever the
+ * span's edges. Columns: `model_id`, `account_id`, `byok`, `at` (a row's time, a minute's start, or for an edge
+ * summed from its minute the edge's whole-minute side), `requests`, `successes`, `failures` (MODEL_FAILURE),
+ * `ttfb_sum`/`ttfb_count` and `tps_sum`/`tps_count` (successes with a figure), `input_tokens`, `output_tokens`.
+ * Only sums over these rows are meaningful (some rows count negatively).
  */
 export const spanned = (sql: SqlClient.SqlClient, where: Statement.Fragment, span: Span): Statement.Fragment => {
   const from = span.from.getTime()
-  const lo = span.fromInclusive === true ? Math.ceil(from / MINUTE_MS) * MINUTE_MS : (Math.floor(from / MINUTE_MS) + 1) * MINUTE_MS
+  const inclusive = span.fromInclusive === true
+  const lo = inclusive ? Math.ceil(from / MINUTE_MS) * MINUTE_MS : (Math.floor(from / MINUTE_MS) + 1) * MINUTE_MS
   const hi = span.to === undefined ? Number.POSITIVE_INFINITY : Math.floor(span.to.getTime() / MINUTE_MS) * MINUTE_MS
-  const after = span.fromInclusive === true ? sql`created_at >= ${span.from}` : sql`created_at > ${span.from}`
-  const raw = (range: Statement.Fragment) =>
-    sql`SELECT model_id, account_id, byok, created_at AS at, 1 AS requests,
-        (status = 'success')::int AS successes, (${sql.literal(MODEL_FAILURE)})::int AS failures,
-        (CASE WHEN status = 'success' AND ttfb_ms IS NOT NULL THEN ttfb_ms ELSE 0 END)::float8 AS ttfb_sum,
-        (status = 'success' AND ttfb_ms IS NOT NULL)::int AS ttfb_count,
-        (CASE WHEN status = 'success' AND tps > 0 THEN tps ELSE 0 END)::float8 AS tps_sum,
-        (status = 'success' AND tps > 0)::int AS tps_count,
-        input_tokens::bigint AS input_tokens, output_tokens::bigint AS output_tokens
+  const after = inclusive ? sql`created_at >= ${span.from}` : sql`created_at > ${span.from}`
+  /** Rows of `range`, each counted once, or subtracted (`negative`); `at` the row's time unless given. */
+  const raw = (range: Statement.Fragment, negative = false, at?: Date) => {
+    const n = sql.literal(negative ? "-" : "")
+    return sql`SELECT model_id, account_id, byok, ${at === undefined ? sql`created_at` : sql`${at}::timestamptz`} AS at,
+        ${n}1 AS requests,
+        ${n}(status = 'success')::int AS successes, ${n}(${sql.literal(MODEL_FAILURE)})::int AS failures,
+        ${n}(CASE WHEN status = 'success' AND ttfb_ms IS NOT NULL THEN ttfb_ms ELSE 0 END)::float8 AS ttfb_sum,
+        ${n}(status = 'success' AND ttfb_ms IS NOT NULL)::int AS ttfb_count,
+        ${n}(CASE WHEN status = 'success' AND tps > 0 THEN tps ELSE 0 END)::float8 AS tps_sum,
+        ${n}(status = 'success' AND tps > 0)::int AS tps_count,
+        ${n}(input_tokens::bigint) AS input_tokens, ${n}(output_tokens::bigint) AS output_tokens
       FROM request_log WHERE ${where} AND ${range}`
+  }
+  const minutes = (range: Statement.Fragment, at?: Date) =>
+    sql`SELECT model_id, account_id, byok, ${at === undefined ? sql`minute` : sql`${at}::timestamptz`} AS at, requests,
+      successes, failures, ttfb_sum, ttfb_count, tps_sum, tps_count, input_tokens, output_tokens
+    FROM request_minutes WHERE ${where} AND ${range}`
   // Within one minute (or two adjacent partial ones): rows only.
   if (lo > hi) return sql`(${raw(sql`${after} AND created_at <= ${span.to!}`)})`
   const loDate = new Date(lo)
-  const minutes = sql`SELECT model_id, account_id, byok, minute AS at, requests, successes, failures, ttfb_sum, ttfb_count,
-      tps_sum, tps_count, input_tokens, output_tokens
-    FROM request_minutes WHERE ${where} AND minute >= ${loDate}`
-  if (span.to === undefined) {
-    return sql`(${minutes} UNION ALL ${raw(sql`${after} AND created_at < ${loDate}`)})`
+  const parts: Array<Statement.Fragment> = [
+    minutes(span.to === undefined ? sql`minute >= ${loDate}` : sql`minute >= ${loDate} AND minute < ${new Date(hi)}`)
+  ]
+  // The start's partial minute [lo - 1 min, lo): the span's part of it, (from, lo), or the minute less [.., from].
+  if (from < lo) {
+    const start = new Date(lo - MINUTE_MS)
+    if (lo - from <= from - start.getTime()) parts.push(raw(sql`${after} AND created_at < ${loDate}`))
+    else {
+      const before = inclusive ? sql`created_at < ${span.from}` : sql`created_at <= ${span.from}`
+      parts.push(
+        minutes(sql`minute = ${start}`, loDate),
+        raw(sql`created_at >= ${start} AND ${before}`, true, loDate)
+      )
+    }
   }
-  const hiDate = new Date(hi)
-  return sql`(${minutes} AND minute < ${hiDate}
-    UNION ALL ${raw(sql`${after} AND created_at < ${loDate}`)}
-    UNION ALL ${raw(sql`created_at >= ${hiDate} AND created_at <= ${span.to}`)})`
+  // The end's partial minute [hi, hi + 1 min): the span's part of it, [hi, to], or the minute less (to, ..).
+  if (span.to !== undefined) {
+    const to = span.to.getTime()
+    const hiDate = new Date(hi)
+    const end = new Date(hi + MINUTE_MS)
+    if (to - hi <= end.getTime() - to) parts.push(raw(sql`created_at >= ${hiDate} AND created_at <= ${span.to}`))
+    else {
+      parts.push(
+        minutes(sql`minute = ${hiDate}`),
+        raw(sql`created_at > ${span.to} AND created_at < ${end}`, true, hiDate)
+      )
+    }
+  }
+  return sql`(${sql.join(" UNION ALL ", false)(parts)})`
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -459,8 +491,13 @@ export const fleetRows = (
       FROM ${spanned(sql, pool, { from: hourAgo, to: now })} h GROUP BY model_id`
 
     // The newest `recent` counted rows of each model: a few steps down the (model_id, created_at) index per model,
-    // where numbering every row of the window (a window function) sorted the whole window on every refresh.
-    const recent = yield* sql<FleetRecentRow>`
+    // where numbering every row of the window (a window function) sorted the whole window on every refresh. Without
+    // statistics (the embedded database never analyzes) the planner expects a window of a few rows and reads all of
+    // it through a bitmap scan to sort it: 1.1 s per refresh at 1,000 requests/s against 1 ms for the index walk
+    // (`bench/status-refresh.ts`); bitmap scans are off for this one statement.
+    const recent = yield* sql.withTransaction(Effect.andThen(
+      sql`SET LOCAL enable_bitmapscan = off`,
+      sql<FleetRecentRow>`
       SELECT m.model_id, count(*)::int AS attempts, count(*) FILTER (WHERE newest.failed)::int AS failures
       FROM (SELECT DISTINCT unnest(${input.models}::text[]) AS model_id) m
       CROSS JOIN LATERAL (
@@ -470,6 +507,7 @@ export const fleetRows = (
         ORDER BY created_at DESC, id DESC LIMIT ${input.recent}::int
       ) newest
       GROUP BY m.model_id`
+    ))
 
     const buckets = yield* sql<FleetBucketRow>`
       SELECT model_id,
