@@ -4,7 +4,7 @@ import { HttpServerRequest, HttpServerResponse } from "effect/http"
 import type * as Http from "node:http"
 import { runForkTracked } from "../http/CallbackFibers.js"
 import { awaitAtMost, startTimer, stopTimer, type Timer } from "../runtime/Timers.js"
-import { holdForTurn } from "../runtime/TurnWrites.js"
+import { holdForTurn } from "../store/TurnWrites.js"
 import { currentRequestId, REQUEST_ID_HEADER } from "../http/Respond.js"
 import { type UpstreamCall, UpstreamError, type UpstreamEvent, type UpstreamSink } from "../upstream/Upstream.js"
 

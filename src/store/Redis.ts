@@ -14,7 +14,7 @@
  */
 import { Context, Data, Effect, Layer, Redacted } from "effect"
 import { Redis, type RedisOptions } from "ioredis"
-import { coalesceWrites } from "../runtime/TurnWrites.js"
+import { coalesceWrites } from "./TurnWrites.js"
 
 export interface RedisClientOptions {
   /** `redis://host:port/db`. Default `redis://127.0.0.1:6379`. */

@@ -114,7 +114,11 @@ const suite = (name: string, database: () => Promise<FreshDatabase | undefined>)
         const row = await rowById(gw, rowIdOf(res))
         const tps = Number((row as any).tps)
         expect(Number.isFinite(tps)).toBe(true)
-        expect(tps).toBeLessThanOrEqual(60 / 0.3)
+        // Never over a span under MIN_STREAM_SPAN_MS (50 ms); from dispatch (at least the upstream's 300 ms) unless a
+        // loaded machine took that long between the burst's first event and its end, as the row's times show.
+        expect(tps).toBeLessThanOrEqual(60 / 0.05)
+        const span = Number((row as any).duration_ms) - Number((row as any).ttfb_ms)
+        if (span < 45) expect(tps).toBeLessThanOrEqual(60 / 0.3)
         expect(tps).toBeGreaterThanOrEqual(60 / seconds - 0.01)
       })
 

@@ -7,7 +7,7 @@ import type { Writable } from "node:stream"
  * write").
  */
 
-const HELD = Symbol.for("wellspring/runtime/TurnWrites/held")
+const HELD = Symbol.for("wellspring/store/TurnWrites/held")
 
 type Holdable = Writable & { [HELD]?: boolean }
 
