@@ -2,10 +2,24 @@ import type { PlanConfig } from "../config/GatewayConfig.js"
 import type { PoolStanding, RpmStanding, Standing } from "../quota/Admission.js"
 import { round2 } from "../quota/Policy.js"
 
+/** Reset instants formatted once: an account's pools keep theirs for hours, and every answer names them. */
+const resetTexts = new Map<number, string>()
+const RESET_TEXTS_MAX = 256
+
+const resetText = (at: number): string => {
+  let text = resetTexts.get(at)
+  if (text === undefined) {
+    if (resetTexts.size >= RESET_TEXTS_MAX) resetTexts.clear()
+    text = new Date(at).toISOString()
+    resetTexts.set(at, text)
+  }
+  return text
+}
+
 export const poolView = (pool: PoolStanding, requestWeighted?: number) => ({
   used_pct: pool.used_pct,
   remaining_pct: pool.remaining_pct,
-  resets_at: pool.resets_at === null ? null : new Date(pool.resets_at).toISOString(),
+  resets_at: pool.resets_at === null ? null : resetText(pool.resets_at),
   resets_in_seconds: pool.resets_in_seconds,
   ...(requestWeighted !== undefined ? { request_pct: round2((requestWeighted / pool.limit) * 100) } : {})
 })
