@@ -18,7 +18,8 @@ export const LEGACY_PREFIX = "ws-"
 
 export const generateKey = (prefix: string): string => prefix + randomBase62()
 
-export const hashKey = (key: string): string => Crypto.createHash("sha256").update(key).digest("hex")
+/** One-shot `crypto.hash`: half the cost of a `Hash` object, on every authenticated request. */
+export const hashKey = (key: string): string => Crypto.hash("sha256", key, "hex")
 
 export const keyPrefixOf = (key: string): string => key.slice(0, 16)
 

@@ -43,7 +43,7 @@ export const generateToken = (): string => TOKEN_PREFIX + randomBase62(TOKEN_BOD
 export const isWellFormedToken = (token: string): boolean =>
   token.length === TOKEN_LENGTH && token.startsWith(TOKEN_PREFIX) && /^[A-Za-z0-9]+$/.test(token.slice(TOKEN_PREFIX.length))
 
-export const hashToken = (token: string): string => Crypto.createHash("sha256").update(token).digest("hex")
+export const hashToken = (token: string): string => Crypto.hash("sha256", token, "hex")
 
 /** A token's name: 1–64 characters after trimming, no control characters. */
 export const validName = (name: string): boolean => {
