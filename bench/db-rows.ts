@@ -10,7 +10,7 @@
  * (`COPY ... FROM '/dev/blob'` in the worker, CSV).
  * The table is first filled with `prefill` rows spread over the last day. Prints one JSON line: the worker's CPU
  * µs per row (user+sys, `process.threadCpuUsage` in the worker), the main thread's, wall ms per batch.
- * Env: DROP="idx1 idx2" drops indexes first; CONF="a=b c=d" adds postgresql.conf lines; ACCOUNTS / MODELS: how
+ * Env: DROP="idx1 idx2 trigger:name" drops indexes (and triggers on request_log) first; CONF="a=b c=d" adds postgresql.conf lines; ACCOUNTS / MODELS: how
  * many distinct account and model ids the rows spread over (50 / 4); PROFILE=file.cpuprofile profiles the worker
  * over the measured batches. Pin it (`taskset -c 1`) and pass `--liftoff-only` as the gateway runs.
  */
@@ -141,7 +141,8 @@ const run = <A>(e: Effect.Effect<A, unknown, SqlClient.SqlClient>) => runtime.ru
 await run(Effect.void)
 
 for (const index of (process.env["DROP"] ?? "").split(/\s+/).filter(Boolean)) {
-  await run(Effect.flatMap(SqlClient.SqlClient, (sql) => sql.unsafe(`DROP INDEX ${index}`)))
+  const statement = index.startsWith("trigger:") ? `DROP TRIGGER ${index.slice(8)} ON request_log` : `DROP INDEX ${index}`
+  await run(Effect.flatMap(SqlClient.SqlClient, (sql) => sql.unsafe(statement)))
 }
 
 const INSERT_JSON = `INSERT INTO request_log (${COLUMNS.join(", ")})

@@ -173,3 +173,57 @@ describe("invalid UTF-8", () => {
     expect(ok.status).toBe(200)
   })
 })
+
+describe("a whole chunked body in one write, under a small limit", () => {
+  const SMALL = 1024
+  let small: TestGateway
+  beforeAll(async () => {
+    small = await startGateway({ configure: (doc) => void (doc.limits.body_bytes = SMALL) })
+  })
+  afterAll(() => small?.stop())
+
+  /** One write: headers and a whole chunked body (no Content-Length, so only the read can bound it). */
+  const chunkedRequest = (key: string, parts: ReadonlyArray<Buffer>) =>
+    Buffer.concat([
+      Buffer.from(head("POST", "/v1/chat/completions", {
+        authorization: `Bearer ${key}`,
+        "content-type": "application/json",
+        "transfer-encoding": "chunked"
+      })),
+      ...parts.flatMap((p) => [Buffer.from(`${p.length.toString(16)}\r\n`), p, Buffer.from("\r\n")]),
+      Buffer.from("0\r\n\r\n")
+    ])
+
+  const send = async (parts: ReadonlyArray<Buffer>) => {
+    const conn = await connect(small.port)
+    await conn.write(chunkedRequest(small.key, parts))
+    const res = await conn.response(5_000)
+    conn.destroy()
+    return res
+  }
+
+  it("is counted against the limit: 413 one byte over it, 200 at it", async () => {
+    const json = JSON.stringify({ model: "ws-lite", messages: [{ role: "user", content: "hi" }] })
+    const atLimit = Buffer.from(json + " ".repeat(SMALL - Buffer.byteLength(json)))
+    const half = atLimit.length >> 1
+    const ok = await send([atLimit.subarray(0, half), atLimit.subarray(half)])
+    expect(ok.status, ok.body).toBe(200)
+    const over = await send([atLimit.subarray(0, half), atLimit.subarray(half), Buffer.from(" ")])
+    expect(over.status).toBe(413)
+    expect(JSON.parse(over.body).error.code).toBe("payload_too_large")
+  })
+
+  it("is checked for depth and UTF-8 like a body read piece by piece", async () => {
+    const deep = await send([Buffer.from(`{"model":"ws-lite","messages":${"[".repeat(200)}`), Buffer.from("]".repeat(200) + "}")])
+    expect(deep.status).toBe(400)
+    expect(JSON.parse(deep.body).error.code).toBe("invalid_request")
+    // A UTF-8 sequence split across the two chunks is still one character; a broken one is refused.
+    const content = Buffer.from(JSON.stringify({ model: "ws-lite", messages: [{ role: "user", content: "한" }] }))
+    const at = content.indexOf(Buffer.from("한")) + 1
+    const split = await send([content.subarray(0, at), content.subarray(at)])
+    expect(split.status, split.body).toBe(200)
+    const broken = await send([content.subarray(0, at), content.subarray(at + 1)])
+    expect(broken.status).toBe(400)
+    expect(JSON.parse(broken.body).error.code).toBe("invalid_json")
+  })
+})
