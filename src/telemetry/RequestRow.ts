@@ -89,6 +89,8 @@ const CONTROLS = /[\u0000-\u001f\u007f]/g
 const CONTROLS_BUT_SPACING = /[\u0000-\u0008\u000b-\u001f\u007f]/g
 /** A high surrogate without its low half, or a low one without its high half (not encodable as UTF-8). */
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g
+/** Any character the two replacements could touch; most texts (ids, codes, names) have none and skip them. */
+const MAY_NEED_CLEANING = /[\u0000-\u001f\u007f\ud800-\udfff]/
 
 /**
  * A text as a column can hold it: at most `max` characters (cut first, so the work is bounded whatever
@@ -102,6 +104,7 @@ export const cleanText = (value: unknown, max: number, keepSpacing = false): str
     const last = s.charCodeAt(s.length - 1)
     if (last >= 0xd800 && last <= 0xdbff) s = s.slice(0, -1)
   }
+  if (!MAY_NEED_CLEANING.test(s)) return s
   return s.replace(keepSpacing ? CONTROLS_BUT_SPACING : CONTROLS, "").replace(LONE_SURROGATE, "\ufffd")
 }
 
