@@ -12,7 +12,8 @@
  * µs per row (user+sys, `process.threadCpuUsage` in the worker), the main thread's, wall ms per batch.
  * Env: DROP="idx1 idx2 trigger:name" drops indexes (and triggers on request_log) first; CONF="a=b c=d" adds
  * postgresql.conf lines; ACCOUNTS / MODELS: how many distinct account and model ids the rows spread over (50 / 4);
- * PROFILE=file.cpuprofile profiles the worker over the measured batches. Pin it (`taskset -c 1`) and pass `--liftoff-only` as the gateway runs.
+ * PROFILE=file.cpuprofile profiles the worker over the measured batches. Pin it (`taskset -c 1`) and pass
+ * `--liftoff-only` as the gateway runs.
  */
 import { PgTypes } from "@effect/sql-pg"
 import { Effect, Layer, ManagedRuntime, Result } from "effect"
