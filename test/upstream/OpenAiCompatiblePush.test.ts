@@ -433,6 +433,45 @@ describe("openai-compatible adapter: open", () => {
       expect(rec2.ends()).toBe(1)
     }))
 
+  it.live("the HTTP chunks of one read reach the consumer together: in first, then in one onEvents", () =>
+    Effect.gen(function*() {
+      // An upstream that writes a chunk per event, several chunks per socket write (one read on loopback).
+      const chunk = (text: string) => {
+        const data = `data: ${JSON.stringify(Chunks.content(text))}\n\n`
+        return `${Buffer.byteLength(data).toString(16)}\r\n${data}\r\n`
+      }
+      const group = (from: number) => ["a", "b", "c", "d", "e"].map((t) => chunk(`${t}${from}`)).join("")
+      let socket: Net.Socket | undefined
+      const server = yield* Effect.acquireRelease(
+        Effect.promise(() =>
+          new Promise<Net.Server>((resolve) => {
+            const s = Net.createServer((c) => {
+              socket = c
+              c.once("data", () =>
+                c.write(
+                  "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + group(1)
+                ))
+            }).listen(0, "127.0.0.1", () => resolve(s))
+          })
+        ),
+        (s) => Effect.promise(() => new Promise<void>((resolve) => { socket?.destroy(); s.close(() => resolve()) }))
+      )
+      const port = (server.address() as Net.AddressInfo).port
+      const adapter = yield* openAiCompatibleAdapter(providerFor(`http://127.0.0.1:${port}/v1`))
+      const rec = recorder()
+      const call = yield* adapter.open(ask(), rec.sink)
+      expect(call.first).toEqual(["a1", "b1", "c1", "d1", "e1"].map((text) => ({ _tag: "Content", text })))
+      call.resume()
+      socket!.write(group(2))
+      yield* until(() => rec.batches.length > 0, "a batch")
+      socket!.write("e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+      yield* rec.settled
+      // The five chunks of the second write in one batch (then what the end adds, in its own).
+      expect(rec.batches[0]).toBe(5)
+      expect(rec.events.slice(0, 5)).toEqual(["a2", "b2", "c2", "d2", "e2"].map((text) => ({ _tag: "Content", text })))
+      expect(rec.ends()).toBe(1)
+    }))
+
   it.live("failures before the first event fail the Effect and never call the sink", () =>
     Effect.gen(function*() {
       const { adapter, mock } = yield* setup({ timeouts: { first_token_ms: 150, idle_ms: 1_000 } })
@@ -629,7 +668,8 @@ describe("openai-compatible adapter: open", () => {
       const logger = Logger.make(({ message }) => {
         logs.push(Array.isArray(message) ? message.join(" ") : String(message))
       })
-      mock.script(Behaviour.hangAfter([Chunks.content("a"), Chunks.content("b")]))
+      // "b" comes in a later read than "a": it reaches the sink (the events of one read come with the first).
+      mock.script(Behaviour.stream([Chunks.content("a"), Chunks.content("b")], { delayMs: 50, then: "hang", done: false }))
       const rec = recorder(() => {
         throw new Error("consumer bug")
       })

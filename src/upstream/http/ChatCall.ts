@@ -55,6 +55,8 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
   /** The socket read is paused (`controller.pause()`) for a consumer that is held. */
   private paused = false
   private resumeQueued = false
+  /** A `signal()` is queued for the end of this read (`signalAfterRead`). */
+  private signalQueued = false
   private sawFirst = false
   private loggedSkips = 0
   private readonly clock: Clock.Clock
@@ -171,8 +173,25 @@ export class HttpChatCall extends PushCall implements Dispatcher.DispatchHandler
     if (decoder.sawDone) return this.finish()
     if (decoder.events.length > 0) {
       this.sawFirst = true
-      this.signal()
+      this.signalAfterRead()
     }
+  }
+
+  /**
+   * One socket read holds many HTTP chunks (an upstream writes a chunk per event), and undici's parser hands them
+   * over one call each, in a row: the consumer gets their events together once the parser is through the read
+   * (a microtask), one delivery and one client write per read instead of one per chunk. The end and failures
+   * still signal at once, delivering whatever is pending first.
+   */
+  private signalAfterRead(): void {
+    if (this.signalQueued) return
+    this.signalQueued = true
+    queueMicrotask(this.signalQueuedEvents)
+  }
+
+  private readonly signalQueuedEvents = (): void => {
+    this.signalQueued = false
+    this.signal()
   }
 
   onResponseEnd(): void {
