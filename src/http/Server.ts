@@ -17,6 +17,7 @@ import { TracingEnabled } from "../telemetry/Tracing.js"
 import { declaredOver } from "./Body.js"
 import * as CallbackFibers from "./CallbackFibers.js"
 import * as ClientAddress from "./ClientAddress.js"
+import { type BusyGate, busyGate, type BusyLimits } from "./BusyGate.js"
 import { ANSWER_LINGER_MS, type ConnectionLimits, guardConnections } from "./Connections.js"
 import { Lifecycle } from "./Lifecycle.js"
 import { defectCode, newRequestId, REQUEST_ID_HEADER } from "./Respond.js"
@@ -39,8 +40,8 @@ export interface Listener {
   readonly origins: ReadonlyArray<Origin>
 }
 
-/** Node's socket timeouts and the connection guard's bounds (the config's `limits` has them all). */
-export interface ServerLimits extends ConnectionLimits {
+/** Node's socket timeouts, the connection guard's and the busy gate's bounds (the config's `limits` has them all). */
+export interface ServerLimits extends ConnectionLimits, BusyLimits {
   readonly body_bytes: number
   readonly headers_timeout_seconds: number
   readonly body_timeout_seconds: number
@@ -307,9 +308,15 @@ export const layer = <Rs extends Routes<any>, RE = never>(
     const bound: Array<Bound> = []
     let drained: Deferred.Deferred<void> | null = null
     const guards: Array<{ readonly inFlight: () => number }> = []
+    const gates: Array<BusyGate> = []
     const lifecycle = Lifecycle.of({
       draining: () => drained !== null,
-      openRequests: () => guards.reduce((n, g) => n + g.inFlight(), 0)
+      openRequests: () => guards.reduce((n, g) => n + g.inFlight(), 0),
+      busy: () => ({
+        working: gates.reduce((n, g) => n + g.working, 0),
+        held: gates.reduce((n, g) => n + g.held, 0),
+        saturated: gates.some((g) => g.saturated)
+      })
     })
     const drain = Effect.gen(function*() {
       if (drained) return yield* Deferred.await(drained)
@@ -322,6 +329,7 @@ export const layer = <Rs extends Routes<any>, RE = never>(
         })
       )
       closeIdle.forEach((close) => close())
+      gates.forEach((gate) => gate.releaseAll())
       // Finalizers run uninterruptibly: without `interruptible` the timeout could not stop the wait, and
       // the grace period would last until the last connection closed by itself.
       // Connections first, then the fibers their streams started from callbacks (settles, cancellations).
@@ -364,7 +372,9 @@ export const layer = <Rs extends Routes<any>, RE = never>(
           Effect.provideService(HttpIncomingMessage.MaxBodySize, ByteSize.fromInputUnsafe(settings.limits.body_bytes))
         )
       const limits = settings.limits
-      const server = Http.createServer(serverOptions(limits), handler)
+      const gated = busyGate(limits, handler)
+      const server = Http.createServer({ ...serverOptions(limits), ...gated.serverOptions }, gated.handler)
+      gated.watch(server)
       const guard = guardConnections(server, limits, addresses, (message) => runFork(Effect.logWarning(message)))
       refuseOversizedContinue(server, limits.body_bytes)
       answerClientErrors(server)
@@ -373,6 +383,7 @@ export const layer = <Rs extends Routes<any>, RE = never>(
       )
       servers.push(server)
       guards.push(guard)
+      gates.push(gated.gate)
       closeIdle.push(guard.drain)
       bound.push({ host: listener.host, port, origins: listener.origins })
     }

@@ -13,6 +13,7 @@
 import { Effect, Layer, Option } from "effect"
 import { HttpRouter, HttpServerResponse } from "effect/http"
 import { Auth } from "../auth/Auth.js"
+import { Lifecycle } from "../http/Lifecycle.js"
 import { ImageQueue } from "../images/Contracts.js"
 import { RequestLog } from "../telemetry/RequestLog.js"
 import { CurrentTelemetry } from "../telemetry/Telemetry.js"
@@ -38,7 +39,8 @@ const metrics = HttpRouter.add(
       logQueue: log.pending(),
       logDropped: log.dropped(),
       keyCache: auth.keyCache(),
-      images: yield* imageFigures
+      images: yield* imageFigures,
+      busy: (yield* Lifecycle).busy()
     })
     return HttpServerResponse.text(body, {
       contentType: "text/plain; version=0.0.4; charset=utf-8",

@@ -60,7 +60,10 @@ export const METRICS = {
   keyCacheRatio: { name: "wellspring_key_cache_hit_ratio", help: "Share of API key lookups answered from the cache since start" },
   imageWaiting: { name: "wellspring_image_queue_waiting_jobs", help: "Image jobs waiting for a worker" },
   imageWorkers: { name: "wellspring_image_workers_online", help: "Image workers with a fresh heartbeat" },
-  imageWait: { name: "wellspring_image_queue_wait_seconds", help: "Time an image job waited for a worker, seconds" }
+  imageWait: { name: "wellspring_image_queue_wait_seconds", help: "Time an image job waited for a worker, seconds" },
+  busyWorking: { name: "wellspring_http_requests_working", help: "Requests that do work started and not yet answering (the busy gate counts them)" },
+  busyHeld: { name: "wellspring_http_requests_held", help: "Requests waiting at the busy gate while the process is saturated" },
+  saturated: { name: "wellspring_http_saturated", help: "1 while the event loop is busy past limits.busy_utilization, else 0" }
 } as const
 
 interface GenAiSeries {
@@ -115,6 +118,8 @@ export interface ScrapeSources {
   readonly logDropped: number
   readonly keyCache: { readonly hits: number; readonly misses: number }
   readonly images: { readonly waiting: number; readonly workersOnline: number } | null
+  /** The busy gate over every listener (http/Lifecycle.ts). */
+  readonly busy: { readonly working: number; readonly held: number; readonly saturated: boolean }
 }
 
 type Attributes = Record<string, string>
@@ -150,6 +155,9 @@ export class Telemetry {
     readonly hitRatio: Metric.Gauge<number>
     readonly imageWaiting: Metric.Gauge<number>
     readonly imageWorkers: Metric.Gauge<number>
+    readonly busyWorking: Metric.Gauge<number>
+    readonly busyHeld: Metric.Gauge<number>
+    readonly saturated: Metric.Gauge<number>
   }
   readonly #imageWait: Metric.Histogram<number>
   /** Totals already added to the scrape-time counters. */
@@ -184,7 +192,10 @@ export class Telemetry {
       misses: counter(METRICS.keyCache, { result: "miss" }),
       hitRatio: gauge(METRICS.keyCacheRatio, {}),
       imageWaiting: gauge(METRICS.imageWaiting, {}),
-      imageWorkers: gauge(METRICS.imageWorkers, {})
+      imageWorkers: gauge(METRICS.imageWorkers, {}),
+      busyWorking: gauge(METRICS.busyWorking, {}),
+      busyHeld: gauge(METRICS.busyHeld, {}),
+      saturated: gauge(METRICS.saturated, {})
     }
     this.#imageWait = histogram(METRICS.imageWait, IMAGE_WAIT_BUCKETS, {})
   }
@@ -330,6 +341,9 @@ export class Telemetry {
     this.#seen = { logDropped: sources.logDropped, hits: sources.keyCache.hits, misses: sources.keyCache.misses }
     const lookups = sources.keyCache.hits + sources.keyCache.misses
     s.hitRatio.updateUnsafe(lookups === 0 ? 0 : sources.keyCache.hits / lookups, context)
+    s.busyWorking.updateUnsafe(sources.busy.working, context)
+    s.busyHeld.updateUnsafe(sources.busy.held, context)
+    s.saturated.updateUnsafe(sources.busy.saturated ? 1 : 0, context)
     if (sources.images !== null) {
       s.imageWaiting.updateUnsafe(sources.images.waiting, context)
       s.imageWorkers.updateUnsafe(sources.images.workersOnline, context)

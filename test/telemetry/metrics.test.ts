@@ -28,7 +28,10 @@ const EXPECTED: ReadonlyArray<readonly [string, string, ReadonlyArray<string>]> 
   ["wellspring_request_log_queue_rows", "gauge", []],
   ["wellspring_request_log_dropped_rows_total", "counter", []],
   ["wellspring_key_cache_lookups_total", "counter", ["result"]],
-  ["wellspring_key_cache_hit_ratio", "gauge", []]
+  ["wellspring_key_cache_hit_ratio", "gauge", []],
+  ["wellspring_http_requests_working", "gauge", []],
+  ["wellspring_http_requests_held", "gauge", []],
+  ["wellspring_http_saturated", "gauge", []]
 ]
 
 const labelNames = (family: Family) =>

@@ -9,6 +9,7 @@ import { describe, expect, it } from "vitest"
 import { Auth } from "../../src/auth/Auth.js"
 import { indexCatalog } from "../../src/config/Live.js"
 import { loadConfig } from "../../src/config/GatewayConfig.js"
+import { Lifecycle } from "../../src/http/Lifecycle.js"
 import { ImageQueue } from "../../src/images/Contracts.js"
 import { operatorRouter } from "../../src/status/Operator.js"
 import { RequestLog } from "../../src/telemetry/RequestLog.js"
@@ -22,12 +23,17 @@ const scrape = async (queue: Context.Service.Shape<typeof ImageQueue> | null, te
   const { handler, dispose } = HttpRouter.toWebHandler(operatorRouter, { disableLogger: true })
   let context = Context.make(CurrentTelemetry, telemetry).pipe(
     Context.add(RequestLog, { pending: () => 3, dropped: () => 2 } as unknown as Context.Service.Shape<typeof RequestLog>),
-    Context.add(Auth, { keyCache: () => ({ hits: 9, misses: 1 }) } as unknown as Context.Service.Shape<typeof Auth>)
+    Context.add(Auth, { keyCache: () => ({ hits: 9, misses: 1 }) } as unknown as Context.Service.Shape<typeof Auth>),
+    Context.add(Lifecycle, {
+      draining: () => false,
+      openRequests: () => 7,
+      busy: () => ({ working: 4, held: 6, saturated: true })
+    })
   )
   if (queue !== null) context = Context.add(context, ImageQueue, queue)
   try {
     const started = Date.now()
-    const res = await handler(new Request("http://operator/metrics"), context as Context.Context<Auth | RequestLog>)
+    const res = await handler(new Request("http://operator/metrics"), context as Context.Context<Auth | RequestLog | Lifecycle>)
     expect(res.status).toBe(200)
     return { families: parseExposition(await res.text()), ms: Date.now() - started }
   } finally {
@@ -47,6 +53,10 @@ describe("/metrics route", () => {
     expect(families.get("wellspring_request_log_queue_rows")!.samples[0]!.value).toBe(3)
     expect(families.get("wellspring_request_log_dropped_rows_total")!.samples[0]!.value).toBe(2)
     expect(families.get("wellspring_key_cache_hit_ratio")!.samples[0]!.value).toBeCloseTo(0.9)
+    // The busy gate's figures, read from the listeners' lifecycle.
+    expect(families.get("wellspring_http_requests_working")!.samples[0]!.value).toBe(4)
+    expect(families.get("wellspring_http_requests_held")!.samples[0]!.value).toBe(6)
+    expect(families.get("wellspring_http_saturated")!.samples[0]!.value).toBe(1)
     // No image domain: no image gauges.
     expect([...families.keys()].filter((n) => n.startsWith("wellspring_image_"))).toEqual([])
   })

@@ -1,0 +1,182 @@
+/**
+ * The busy gate, below the routes so that every one inherits it: while the process is saturated (its event loop
+ * busy for at least `busy_utilization` of the last 100 ms), at most `busy_concurrency` requests that do work (any
+ * method but GET, HEAD and OPTIONS) run between their start and their response head; later ones wait, oldest
+ * first, at most `busy_max_wait_ms`, before anything of theirs is read or decoded.
+ *
+ * On a saturated core, starting more requests does not serve more of them: every started request waits its turn
+ * for the CPU holding its body, its decoded request, its fiber and its upstream call, so each one lives longer,
+ * is carried out of the young generation and costs a full collection later. A held request holds only Node's
+ * request and response objects. A stream stops counting once its head is written, so long streams never hold the
+ * gate; a process that is not saturated starts everything at once, whatever is open.
+ */
+import * as Http from "node:http"
+import { performance } from "node:perf_hooks"
+
+export interface BusyLimits {
+  /** Working requests past which new ones wait while saturated, per listener; 0 turns the gate off. */
+  readonly busy_concurrency: number
+  /** Event-loop utilization over the last sample (0 to 1) at or above which the process counts as saturated. */
+  readonly busy_utilization: number
+  /** Longest a request waits at the gate. */
+  readonly busy_max_wait_ms: number
+}
+
+/** How often the event loop's utilization is sampled (and held requests checked against their longest wait). */
+export const SAMPLE_MS = 100
+
+/** Methods that only read: never held, never counted. */
+const reads = (method: string | undefined) => method === "GET" || method === "HEAD" || method === "OPTIONS"
+
+interface Held {
+  readonly request: Http.IncomingMessage
+  readonly response: Http.ServerResponse
+  readonly since: number
+}
+
+type Start = (request: Http.IncomingMessage, response: Http.ServerResponse) => void
+
+/** The gate's state, driven by the listener (`offer`), the responses (`release`) and the sampler (`sample`). */
+export class BusyGate {
+  #working = 0
+  #saturated = false
+  /** Waiting requests, oldest first from `#head`. */
+  #held: Array<Held | undefined> = []
+  #head = 0
+
+  constructor(
+    private readonly limits: BusyLimits,
+    private readonly start: Start,
+    /** Milliseconds on a monotonic clock (tests pass their own). */
+    private readonly now: () => number = () => performance.now()
+  ) {}
+
+  /** Requests started and not yet answering. */
+  get working(): number {
+    return this.#working
+  }
+  /** Requests waiting at the gate. */
+  get held(): number {
+    return this.#held.length - this.#head
+  }
+  get saturated(): boolean {
+    return this.#saturated
+  }
+
+  /** A request Node has read the head of: started now, or held. */
+  offer(request: Http.IncomingMessage, response: Http.ServerResponse): void {
+    if (this.limits.busy_concurrency === 0 || reads(request.method)) return this.start(request, response)
+    if (this.#head === this.#held.length && !this.#full()) return this.#begin(request, response)
+    this.#held.push({ request, response, since: this.now() })
+    this.#admit()
+  }
+
+  /** A started request wrote its response head, or its response closed first; called once per started request. */
+  release(): void {
+    this.#working -= 1
+    this.#admit()
+  }
+
+  /** A utilization sample: saturated or not; requests that waited `busy_max_wait_ms` start regardless. */
+  sample(saturated: boolean): void {
+    this.#saturated = saturated
+    const oldest = this.now() - this.limits.busy_max_wait_ms
+    while (this.held > 0 && this.#held[this.#head]!.since <= oldest) this.#begin(...this.#next())
+    this.#admit()
+  }
+
+  /** Every held request starts now (the listener is draining: each gets its answer within the grace period). */
+  releaseAll(): void {
+    while (this.held > 0) this.#begin(...this.#next())
+  }
+
+  #full(): boolean {
+    return this.#saturated && this.#working >= this.limits.busy_concurrency
+  }
+
+  #admit(): void {
+    while (this.held > 0 && !this.#full()) this.#begin(...this.#next())
+  }
+
+  #next(): [Http.IncomingMessage, Http.ServerResponse] {
+    const held = this.#held[this.#head]!
+    this.#held[this.#head] = undefined
+    this.#head += 1
+    if (this.#head === this.#held.length) {
+      this.#held = []
+      this.#head = 0
+    } else if (this.#head >= 1024 && this.#head * 2 >= this.#held.length) {
+      this.#held = this.#held.slice(this.#head)
+      this.#head = 0
+    }
+    return [held.request, held.response]
+  }
+
+  #begin(request: Http.IncomingMessage, response: Http.ServerResponse): void {
+    // A client that went away while held has nothing to answer: its request never started (no row, no charge).
+    if (request.destroyed || !request.socket.writable) return
+    this.#working += 1
+    ;(response as GatedResponse).gate = this
+    // One shared listener, no closure per request; it does nothing once the head released the place.
+    response.on("close", releaseOnClose)
+    this.start(request, response)
+  }
+}
+
+/** The listener's responses: each started request releases its place in the gate once, at its head or close. */
+export class GatedResponse<Request extends Http.IncomingMessage = Http.IncomingMessage>
+  extends Http.ServerResponse<Request>
+{
+  gate: BusyGate | null = null
+}
+
+const release = (response: GatedResponse) => {
+  const gate = response.gate
+  if (gate === null) return
+  response.gate = null
+  gate.release()
+}
+
+function releaseOnClose(this: GatedResponse) {
+  release(this)
+}
+
+// Every head goes through `writeHead` (Node's implicit headers call it too).
+const writeHead = Http.ServerResponse.prototype.writeHead
+Object.defineProperty(GatedResponse.prototype, "writeHead", {
+  value: function(this: GatedResponse, ...args: Array<unknown>) {
+    release(this)
+    return (writeHead as (...args: Array<unknown>) => GatedResponse).apply(this, args)
+  },
+  writable: true,
+  configurable: true
+})
+
+/**
+ * The gate of one listener in front of `handler`: its responses are `GatedResponse`s (pass `serverOptions`
+ * to `Http.createServer`), its sampler runs until the server closes. `busy_concurrency` 0: the handler as is.
+ */
+export const busyGate = (limits: BusyLimits, handler: Start) => {
+  const gate = new BusyGate(limits, handler)
+  const serverOptions: Pick<Http.ServerOptions, "ServerResponse"> = {
+    ServerResponse: GatedResponse as unknown as typeof Http.ServerResponse
+  }
+  if (limits.busy_concurrency === 0) return { gate, handler, serverOptions, watch: (_server: Http.Server) => {} }
+  return {
+    gate,
+    handler: (request: Http.IncomingMessage, response: Http.ServerResponse) => gate.offer(request, response),
+    serverOptions,
+    /** Samples the event loop's utilization every `SAMPLE_MS` while `server` is open. */
+    watch: (server: Http.Server) => {
+      let last = performance.eventLoopUtilization()
+      const timer = setInterval(() => {
+        const now = performance.eventLoopUtilization()
+        const busy = performance.eventLoopUtilization(now, last).utilization
+        last = now
+        gate.sample(busy >= limits.busy_utilization)
+      }, SAMPLE_MS)
+      timer.unref()
+      server.once("close", () => clearInterval(timer))
+    }
+  }
+}

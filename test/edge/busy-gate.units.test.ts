@@ -1,0 +1,147 @@
+/**
+ * The busy gate's state machine (http/BusyGate.ts) driven by hand: requests offered, responses closing, samples
+ * with the time given, so every wait is decided by the numbers passed in, never by a timer.
+ */
+import { EventEmitter } from "node:events"
+import type * as Http from "node:http"
+import { describe, expect, it } from "vitest"
+import { BusyGate } from "../../src/http/BusyGate.js"
+
+interface Fake {
+  readonly name: string
+  readonly request: Http.IncomingMessage
+  readonly response: Http.ServerResponse & EventEmitter
+  readonly leave: () => void
+}
+
+const fake = (name: string, method = "POST"): Fake => {
+  const socket = { writable: true }
+  const request = { method, socket, destroyed: false } as unknown as Http.IncomingMessage
+  const response = new EventEmitter() as Http.ServerResponse & EventEmitter
+  return { name, request, response, leave: () => void (socket.writable = false) }
+}
+
+const gateOf = (limits: { concurrency: number; maxWaitMs?: number }) => {
+  const started: Array<string> = []
+  const names = new Map<Http.IncomingMessage, string>()
+  let time = 0
+  const gate = new BusyGate(
+    { busy_concurrency: limits.concurrency, busy_utilization: 0.9, busy_max_wait_ms: limits.maxWaitMs ?? 1000 },
+    (request) => started.push(names.get(request)!),
+    () => time
+  )
+  const offer = (f: Fake, now = 0) => {
+    names.set(f.request, f.name)
+    time = now
+    gate.offer(f.request, f.response)
+  }
+  const sample = (saturated: boolean, now: number) => {
+    time = now
+    gate.sample(saturated)
+  }
+  return { gate, started, offer, sample }
+}
+
+/** The response's head was written or it closed: what `GatedResponse` reports (here through `close`). */
+const answer = (f: Fake) => f.response.emit("close")
+
+describe("busy gate", () => {
+  it("starts everything while not saturated, however many are working", () => {
+    const { gate, offer, started } = gateOf({ concurrency: 2 })
+    const all = ["a", "b", "c", "d"].map((n) => fake(n))
+    all.forEach((f) => offer(f))
+    expect(started).toEqual(["a", "b", "c", "d"])
+    expect([gate.working, gate.held]).toEqual([4, 0])
+  })
+
+  it("while saturated holds requests past the limit and starts them oldest first as others answer", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 2 })
+    sample(true, 0)
+    const [a, b, c, d, e] = ["a", "b", "c", "d", "e"].map((n) => fake(n))
+    ;[a, b, c, d, e].forEach((f) => offer(f!))
+    expect(started).toEqual(["a", "b"])
+    expect([gate.working, gate.held]).toEqual([2, 3])
+    answer(b!)
+    expect(started).toEqual(["a", "b", "c"])
+    // A second close of the same response releases nothing more.
+    answer(b!)
+    expect(started).toEqual(["a", "b", "c"])
+    expect([gate.working, gate.held]).toEqual([2, 2])
+    answer(a!)
+    answer(c!)
+    expect(started).toEqual(["a", "b", "c", "d", "e"])
+    expect([gate.working, gate.held]).toEqual([2, 0])
+  })
+
+  it("never holds reads (GET, HEAD, OPTIONS) nor counts them", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 1 })
+    sample(true, 0)
+    offer(fake("post"))
+    offer(fake("held"))
+    for (const method of ["GET", "HEAD", "OPTIONS"]) offer(fake(method.toLowerCase(), method))
+    expect(started).toEqual(["post", "get", "head", "options"])
+    expect([gate.working, gate.held]).toEqual([1, 1])
+  })
+
+  it("starts what waited busy_max_wait_ms at the next sample, saturated or not", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 1, maxWaitMs: 500 })
+    sample(true, 0)
+    offer(fake("a"), 0)
+    offer(fake("b"), 100)
+    offer(fake("c"), 400)
+    sample(true, 599)
+    expect(started).toEqual(["a"])
+    sample(true, 600)
+    expect(started).toEqual(["a", "b"])
+    expect([gate.working, gate.held]).toEqual([2, 1])
+    sample(true, 900)
+    expect(started).toEqual(["a", "b", "c"])
+  })
+
+  it("starts everything held once a sample finds the process no longer saturated", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 1 })
+    sample(true, 0)
+    ;["a", "b", "c"].forEach((n) => offer(fake(n)))
+    expect(started).toEqual(["a"])
+    sample(false, 10)
+    expect(started).toEqual(["a", "b", "c"])
+    expect(gate.held).toBe(0)
+  })
+
+  it("drops a held request whose client left: it never starts and takes no place", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 1 })
+    sample(true, 0)
+    const [a, b, c] = ["a", "b", "c"].map((n) => fake(n))
+    ;[a, b, c].forEach((f) => offer(f!))
+    b!.leave()
+    answer(a!)
+    expect(started).toEqual(["a", "c"])
+    expect([gate.working, gate.held]).toEqual([1, 0])
+  })
+
+  it("releaseAll starts every held request (the drain)", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 1 })
+    sample(true, 0)
+    ;["a", "b", "c"].forEach((n) => offer(fake(n)))
+    gate.releaseAll()
+    expect(started).toEqual(["a", "b", "c"])
+  })
+
+  it("busy_concurrency 0 turns the gate off", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 0 })
+    sample(true, 0)
+    ;["a", "b"].forEach((n) => offer(fake(n)))
+    expect(started).toEqual(["a", "b"])
+    expect([gate.working, gate.held]).toEqual([0, 0])
+  })
+
+  it("keeps its order over many more held requests than its array's compaction step", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 1 })
+    sample(true, 0)
+    const all = Array.from({ length: 5000 }, (_, i) => fake(String(i)))
+    all.forEach((f) => offer(f))
+    for (const f of all) answer(f)
+    expect(started).toEqual(all.map((f) => f.name))
+    expect([gate.working, gate.held]).toEqual([0, 0])
+  })
+})
