@@ -337,10 +337,11 @@ export const LimitsConfig = Schema.Struct({
   first_byte_timeout_seconds: PositiveInt.pipe(withDefault(() => 5)),
   /**
    * The busy gate (http/BusyGate.ts): while the event loop is busy at least `busy_utilization` of the time,
-   * requests that do work past `busy_concurrency` unanswered ones (per listener; 0: off) wait, at most
-   * `busy_max_wait_ms`, before they are read.
+   * requests that do work past `busy_concurrency` unanswered ones (per listener; 0: off; absent: 8 per MB of
+   * young-generation semi-space, 64 embedded and 256 in production) wait, at most `busy_max_wait_ms`, before
+   * they are read.
    */
-  busy_concurrency: NonNegativeInt.pipe(withDefault(() => 64)),
+  busy_concurrency: Schema.optional(NonNegativeInt),
   busy_utilization: NonNegative.check(Schema.isLessThanOrEqualTo(1)).pipe(withDefault(() => 0.9)),
   busy_max_wait_ms: PositiveInt.check(Schema.isLessThanOrEqualTo(60_000)).pipe(withDefault(() => 1000)),
   /** Failed authentications (401) per client address per minute; past it 429 before any lookup. */

@@ -12,15 +12,27 @@
  */
 import * as Http from "node:http"
 import { performance } from "node:perf_hooks"
+import { semiSpaceMb } from "../runtime/HeapBound.js"
 
 export interface BusyLimits {
-  /** Working requests past which new ones wait while saturated, per listener; 0 turns the gate off. */
-  readonly busy_concurrency: number
+  /**
+   * Working requests past which new ones wait while saturated, per listener; 0 turns the gate off; undefined:
+   * `defaultConcurrency` of the young generation in effect.
+   */
+  readonly busy_concurrency?: number | undefined
   /** Event-loop utilization over the last sample (0 to 1) at or above which the process counts as saturated. */
   readonly busy_utilization: number
   /** Longest a request waits at the gate. */
   readonly busy_max_wait_ms: number
 }
+
+/**
+ * The default of `busy_concurrency`: 8 per MB of semi-space (64 in embedded mode's 8 MB, 256 in production's 32
+ * MB), so that what the working requests keep alive (~27 KB each, measured) stays a fifth of one semi-space and
+ * most of it dies young; 64 when V8 sizes the young generation itself.
+ */
+export const defaultConcurrency = (semiSpace: number | undefined = semiSpaceMb()): number =>
+  semiSpace === undefined ? 64 : 8 * semiSpace
 
 /** How often the event loop's utilization is sampled (and held requests checked against their longest wait). */
 export const SAMPLE_MS = 100
@@ -44,12 +56,21 @@ export class BusyGate {
   #held: Array<Held | undefined> = []
   #head = 0
 
+  readonly #concurrency: number
+
   constructor(
     private readonly limits: BusyLimits,
     private readonly start: Start,
     /** Milliseconds on a monotonic clock (tests pass their own). */
     private readonly now: () => number = () => performance.now()
-  ) {}
+  ) {
+    this.#concurrency = limits.busy_concurrency ?? defaultConcurrency()
+  }
+
+  /** The working requests past which new ones wait while saturated (0: never). */
+  get concurrency(): number {
+    return this.#concurrency
+  }
 
   /** Requests started and not yet answering. */
   get working(): number {
@@ -65,7 +86,7 @@ export class BusyGate {
 
   /** A request Node has read the head of: started now, or held. */
   offer(request: Http.IncomingMessage, response: Http.ServerResponse): void {
-    if (this.limits.busy_concurrency === 0 || reads(request.method)) return this.start(request, response)
+    if (this.#concurrency === 0 || reads(request.method)) return this.start(request, response)
     if (this.#head === this.#held.length && !this.#full()) return this.#begin(request, response)
     this.#held.push({ request, response, since: this.now() })
     this.#admit()
@@ -91,7 +112,7 @@ export class BusyGate {
   }
 
   #full(): boolean {
-    return this.#saturated && this.#working >= this.limits.busy_concurrency
+    return this.#saturated && this.#working >= this.#concurrency
   }
 
   #admit(): void {
@@ -154,14 +175,14 @@ Object.defineProperty(GatedResponse.prototype, "writeHead", {
 
 /**
  * The gate of one listener in front of `handler`: its responses are `GatedResponse`s (pass `serverOptions`
- * to `Http.createServer`), its sampler runs until the server closes. `busy_concurrency` 0: the handler as is.
+ * to `Http.createServer`), its sampler runs until the server closes. A concurrency of 0: the handler as is.
  */
 export const busyGate = (limits: BusyLimits, handler: Start) => {
   const gate = new BusyGate(limits, handler)
   const serverOptions: Pick<Http.ServerOptions, "ServerResponse"> = {
     ServerResponse: GatedResponse as unknown as typeof Http.ServerResponse
   }
-  if (limits.busy_concurrency === 0) return { gate, handler, serverOptions, watch: (_server: Http.Server) => {} }
+  if (gate.concurrency === 0) return { gate, handler, serverOptions, watch: (_server: Http.Server) => {} }
   return {
     gate,
     handler: (request: Http.IncomingMessage, response: Http.ServerResponse) => gate.offer(request, response),

@@ -73,6 +73,22 @@ export const boundedRestartArgs = (input: {
   return added.length === 0 ? null : [...input.execArgv, ...added]
 }
 
+/**
+ * The semi-space cap in MB this process runs with (`--max-semi-space-size` in its arguments or `NODE_OPTIONS`), or
+ * undefined when V8 sizes the young generation itself.
+ */
+export const semiSpaceMb = (
+  execArgv: ReadonlyArray<string> = process.execArgv,
+  nodeOptions: string | undefined = process.env["NODE_OPTIONS"]
+): number | undefined => {
+  let found: number | undefined
+  for (const flag of flagsOf(execArgv, nodeOptions)) {
+    const match = /^--max[-_]semi[-_]space[-_]size=(\d+)$/.exec(flag)
+    if (match !== null) found = Number(match[1])
+  }
+  return found
+}
+
 /** glibc malloc arenas in embedded mode; measured in docs/decisions.md ("Embedded memory"). */
 export const MALLOC_ARENAS = 2
 

@@ -5,7 +5,8 @@
 import { EventEmitter } from "node:events"
 import type * as Http from "node:http"
 import { describe, expect, it } from "vitest"
-import { BusyGate } from "../../src/http/BusyGate.js"
+import { BusyGate, defaultConcurrency } from "../../src/http/BusyGate.js"
+import { semiSpaceMb } from "../../src/runtime/HeapBound.js"
 
 interface Fake {
   readonly name: string
@@ -143,5 +144,14 @@ describe("busy gate", () => {
     for (const f of all) answer(f)
     expect(started).toEqual(all.map((f) => f.name))
     expect([gate.working, gate.held]).toEqual([0, 0])
+  })
+
+  it("defaults to 8 working requests per MB of the semi-space the process runs with", () => {
+    expect(semiSpaceMb(["--max-old-space-size=160", "--max-semi-space-size=8"], undefined)).toBe(8)
+    expect(semiSpaceMb(["--max-old-space-size=160"], "--max_semi_space_size=32")).toBe(32)
+    expect(semiSpaceMb(["--max-old-space-size=160"], undefined)).toBeUndefined()
+    expect([defaultConcurrency(8), defaultConcurrency(32), defaultConcurrency(undefined)]).toEqual([64, 256, 64])
+    const unset = new BusyGate({ busy_utilization: 0.9, busy_max_wait_ms: 1000 }, () => {})
+    expect(unset.concurrency).toBe(defaultConcurrency())
   })
 })
