@@ -1,14 +1,15 @@
 /**
  * The busy gate, below the routes so that every one inherits it: while the process is saturated (its event loop
  * busy for at least `busy_utilization` of the last 100 ms), at most `busy_concurrency` requests that do work (any
- * method but GET, HEAD and OPTIONS) run between their start and their response head; later ones wait, oldest
+ * method but GET, HEAD and OPTIONS) run between their start and their answer's end; later ones wait, oldest
  * first, at most `busy_max_wait_ms`, before anything of theirs is read or decoded.
  *
  * On a saturated core, starting more requests does not serve more of them: every started request waits its turn
  * for the CPU holding its body, its decoded request, its fiber and its upstream call, so each one lives longer,
  * is carried out of the young generation and costs a full collection later. A held request holds only Node's
- * request and response objects. A stream stops counting once its head is written, so long streams never hold the
- * gate; a process that is not saturated starts everything at once, whatever is open.
+ * request and response objects. A request stops counting once it has worked `busy_max_wait_ms`, so long streams
+ * and slow upstreams never hold the gate; a process that is not saturated starts everything at once, whatever is
+ * open.
  */
 import * as Http from "node:http"
 import { performance } from "node:perf_hooks"
@@ -55,8 +56,15 @@ export class BusyGate {
   /** Waiting requests, oldest first from `#head`. */
   #held: Array<Held | undefined> = []
   #head = 0
-
   readonly #concurrency: number
+  /**
+   * Samples since start. A request counts in the slot of the sample it started in, for `#window` samples: past
+   * that it has worked `busy_max_wait_ms` (a long stream, a slow upstream) and no longer counts, without the gate
+   * keeping a reference to it.
+   */
+  #epoch = 0
+  readonly #window: number
+  readonly #started: Int32Array
 
   constructor(
     private readonly limits: BusyLimits,
@@ -65,14 +73,15 @@ export class BusyGate {
     private readonly now: () => number = () => performance.now()
   ) {
     this.#concurrency = limits.busy_concurrency ?? defaultConcurrency()
+    this.#window = Math.ceil(limits.busy_max_wait_ms / SAMPLE_MS)
+    this.#started = new Int32Array(this.#window)
   }
 
   /** The working requests past which new ones wait while saturated (0: never). */
   get concurrency(): number {
     return this.#concurrency
   }
-
-  /** Requests started and not yet answering. */
+  /** Requests started within `busy_max_wait_ms` and not yet answered. */
   get working(): number {
     return this.#working
   }
@@ -92,15 +101,24 @@ export class BusyGate {
     this.#admit()
   }
 
-  /** A started request wrote its response head, or its response closed first; called once per started request. */
-  release(): void {
+  /** A request started at sample `epoch` was answered (its response closed); once per started request. */
+  release(epoch: number): void {
+    if (this.#epoch - epoch >= this.#window) return
+    this.#started[epoch % this.#window]! -= 1
     this.#working -= 1
     this.#admit()
   }
 
-  /** A utilization sample: saturated or not; requests that waited `busy_max_wait_ms` start regardless. */
+  /**
+   * A utilization sample, every `SAMPLE_MS`: saturated or not. Requests that started `busy_max_wait_ms` ago stop
+   * counting; requests that waited that long start regardless.
+   */
   sample(saturated: boolean): void {
     this.#saturated = saturated
+    this.#epoch += 1
+    const slot = this.#epoch % this.#window
+    this.#working -= this.#started[slot]!
+    this.#started[slot] = 0
     const oldest = this.now() - this.limits.busy_max_wait_ms
     while (this.held > 0 && this.#held[this.#head]!.since <= oldest) this.#begin(...this.#next())
     this.#admit()
@@ -137,41 +155,30 @@ export class BusyGate {
     // A client that went away while held has nothing to answer: its request never started (no row, no charge).
     if (request.destroyed || !request.socket.writable) return
     this.#working += 1
-    ;(response as GatedResponse).gate = this
-    // One shared listener, no closure per request; it does nothing once the head released the place.
+    this.#started[this.#epoch % this.#window]! += 1
+    const gated = response as GatedResponse
+    gated.gate = this
+    gated.gateEpoch = this.#epoch
+    // One shared listener: no closure per request.
     response.on("close", releaseOnClose)
     this.start(request, response)
   }
 }
 
-/** The listener's responses: each started request releases its place in the gate once, at its head or close. */
+/** The listener's responses, with the place their request holds in the gate (released once, at close). */
 export class GatedResponse<Request extends Http.IncomingMessage = Http.IncomingMessage>
   extends Http.ServerResponse<Request>
 {
   gate: BusyGate | null = null
-}
-
-const release = (response: GatedResponse) => {
-  const gate = response.gate
-  if (gate === null) return
-  response.gate = null
-  gate.release()
+  gateEpoch = 0
 }
 
 function releaseOnClose(this: GatedResponse) {
-  release(this)
+  const gate = this.gate
+  if (gate === null) return
+  this.gate = null
+  gate.release(this.gateEpoch)
 }
-
-// Every head goes through `writeHead` (Node's implicit headers call it too).
-const writeHead = Http.ServerResponse.prototype.writeHead
-Object.defineProperty(GatedResponse.prototype, "writeHead", {
-  value: function(this: GatedResponse, ...args: Array<unknown>) {
-    release(this)
-    return (writeHead as (...args: Array<unknown>) => GatedResponse).apply(this, args)
-  },
-  writable: true,
-  configurable: true
-})
 
 /**
  * The gate of one listener in front of `handler`: its responses are `GatedResponse`s (pass `serverOptions`
@@ -190,6 +197,8 @@ export const busyGate = (limits: BusyLimits, handler: Start) => {
     /** Samples the event loop's utilization every `SAMPLE_MS` while `server` is open. */
     watch: (server: Http.Server) => {
       let last = performance.eventLoopUtilization()
+      // Until the first sample, the process's utilization since it started.
+      gate.sample(last.utilization >= limits.busy_utilization)
       const timer = setInterval(() => {
         const now = performance.eventLoopUtilization()
         const busy = performance.eventLoopUtilization(now, last).utilization

@@ -61,7 +61,7 @@ export const METRICS = {
   imageWaiting: { name: "wellspring_image_queue_waiting_jobs", help: "Image jobs waiting for a worker" },
   imageWorkers: { name: "wellspring_image_workers_online", help: "Image workers with a fresh heartbeat" },
   imageWait: { name: "wellspring_image_queue_wait_seconds", help: "Time an image job waited for a worker, seconds" },
-  busyWorking: { name: "wellspring_http_requests_working", help: "Requests that do work started and not yet answering (the busy gate counts them)" },
+  busyWorking: { name: "wellspring_http_requests_working", help: "Requests that do work started within limits.busy_max_wait_ms and not yet answered (the busy gate counts them)" },
   busyHeld: { name: "wellspring_http_requests_held", help: "Requests waiting at the busy gate while the process is saturated" },
   saturated: { name: "wellspring_http_saturated", help: "1 while the event loop is busy past limits.busy_utilization, else 0" }
 } as const

@@ -2,7 +2,8 @@
  * The busy gate end to end (http/BusyGate.ts): a gateway whose process always counts as saturated
  * (`busy_utilization: 0`) with room for one working request, in front of an upstream that answers only when
  * told. What the gateway holds never reaches the upstream until a request in front answers (or its wait runs
- * out); a stream stops counting once its head is out; reads pass; a client that leaves while held costs nothing.
+ * out); a long stream stops counting once it has worked the longest wait; reads pass; a client that leaves while
+ * held costs nothing.
  */
 import { Effect } from "effect"
 import * as Http from "node:http"
@@ -141,29 +142,6 @@ describe("busy gate (saturated, room for one)", () => {
     expect(await busy(gw)).toEqual({ working: 0, held: 0, saturated: true })
   })
 
-  it("a stream stops counting once its head is written: the next request starts while it still streams", async () => {
-    const s = chat(gw, "s2", { stream: true })
-    await eventually(() => upstream.arrivals.includes("s2"))
-    const stream = upstream.startStream("s2")
-    const response = await s
-    expect(response.status).toBe(200)
-    const reader = response.body!.getReader()
-    const first = new TextDecoder().decode((await reader.read()).value)
-    expect(first).toContain("chat.completion.chunk")
-    // The stream is open; the next request goes straight to the upstream.
-    const b = chat(gw, "b2")
-    await eventually(() => upstream.arrivals.includes("b2"))
-    expect((await busy(gw)).held).toBe(0)
-    upstream.answer("b2")
-    expect((await b).status).toBe(200)
-    stream.end()
-    let rest = ""
-    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
-      rest += new TextDecoder().decode(chunk.value)
-    }
-    expect(rest).toContain("data: [DONE]")
-  })
-
   it("a held request whose client leaves never starts: no upstream call, no request row", async () => {
     const rowsBefore = await rowCount(gw)
     const a = chat(gw, "a3")
@@ -202,10 +180,34 @@ describe("busy gate: the longest wait and the drain", () => {
     await eventually(() => upstream.arrivals.includes("a4"))
     const b = chat(short, "b4")
     await eventually(() => upstream.arrivals.includes("b4"), { timeoutMs: 5_000 })
-    expect(await busy(short)).toMatchObject({ working: 2, held: 0 })
+    expect((await busy(short)).held).toBe(0)
     upstream.answer("b4")
     upstream.answer("a4")
     expect([(await a).status, (await b).status]).toEqual([200, 200])
+  })
+
+  it("a stream counts until it has worked busy_max_wait_ms, then no longer holds the gate while it streams", async () => {
+    const s = chat(short, "s6", { stream: true })
+    await eventually(() => upstream.arrivals.includes("s6"))
+    const stream = upstream.startStream("s6")
+    const response = await s
+    expect(response.status).toBe(200)
+    const reader = response.body!.getReader()
+    expect(new TextDecoder().decode((await reader.read()).value)).toContain("chat.completion.chunk")
+    // Still streaming: it stops counting once its 300 ms are up, and the next request goes straight through.
+    await eventually(async () => (await busy(short)).working === 0)
+    const b = chat(short, "b6")
+    await eventually(() => upstream.arrivals.includes("b6"))
+    expect((await busy(short)).held).toBe(0)
+    upstream.answer("b6")
+    expect((await b).status).toBe(200)
+    stream.end()
+    let rest = ""
+    for (let chunk = await reader.read(); !chunk.done; chunk = await reader.read()) {
+      rest += new TextDecoder().decode(chunk.value)
+    }
+    expect(rest).toContain("data: [DONE]")
+    expect(await busy(short)).toMatchObject({ working: 0, held: 0 })
   })
 
   it("the drain starts every held request, and each gets its answer", async () => {

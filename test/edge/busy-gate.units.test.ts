@@ -99,6 +99,26 @@ describe("busy gate", () => {
     expect(started).toEqual(["a", "b", "c"])
   })
 
+  it("a request that has worked busy_max_wait_ms stops counting (a long stream, a slow upstream)", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 1, maxWaitMs: 500 })
+    sample(true, 0)
+    const long = fake("long")
+    offer(long, 0)
+    for (let t = 100; t < 500; t += 100) sample(true, t)
+    offer(fake("waits"), 450)
+    expect(started).toEqual(["long"])
+    expect([gate.working, gate.held]).toEqual([1, 1])
+    // Five samples after it started, the long request no longer counts; the held one starts in its place.
+    sample(true, 500)
+    expect(started).toEqual(["long", "waits"])
+    expect([gate.working, gate.held]).toEqual([1, 0])
+    // The long request's end later releases nothing: the place it held is already free.
+    answer(long)
+    expect(gate.working).toBe(1)
+    offer(fake("next"), 510)
+    expect(gate.held).toBe(1)
+  })
+
   it("starts everything held once a sample finds the process no longer saturated", () => {
     const { gate, offer, started, sample } = gateOf({ concurrency: 1 })
     sample(true, 0)
