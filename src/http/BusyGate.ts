@@ -2,7 +2,9 @@
  * The busy gate, below the routes so that every one inherits it: while the process is saturated (its event loop
  * busy for at least `busy_utilization` of the last 100 ms), at most `busy_concurrency` requests that do work (any
  * method but GET, HEAD and OPTIONS) run between their start and their answer's end; later ones wait, oldest
- * first, at most `busy_max_wait_ms`, before anything of theirs is read or decoded.
+ * first, at most `busy_max_wait_ms`, before anything of theirs is read or decoded. A kept-alive connection whose
+ * answer ends while others wait is not read again until there is room: its next request waits in the kernel's
+ * buffers, costing the process nothing.
  *
  * On a saturated core, starting more requests does not serve more of them: every started request waits its turn
  * for the CPU holding its body, its decoded request, its fiber and its upstream call, so each one lives longer,
@@ -12,6 +14,7 @@
  * open.
  */
 import * as Http from "node:http"
+import type * as Net from "node:net"
 import { performance } from "node:perf_hooks"
 import { semiSpaceMb } from "../runtime/HeapBound.js"
 
@@ -41,9 +44,42 @@ export const SAMPLE_MS = 100
 /** Methods that only read: never held, never counted. */
 const reads = (method: string | undefined) => method === "GET" || method === "HEAD" || method === "OPTIONS"
 
+/** A first-in first-out queue that drops what it hands out (no reference kept), amortized O(1). */
+class Fifo<A> {
+  #items: Array<A | undefined> = []
+  #head = 0
+  get size(): number {
+    return this.#items.length - this.#head
+  }
+  push(item: A): void {
+    this.#items.push(item)
+  }
+  peek(): A | undefined {
+    return this.#items[this.#head]
+  }
+  shift(): A {
+    const item = this.#items[this.#head]!
+    this.#items[this.#head] = undefined
+    this.#head += 1
+    if (this.#head === this.#items.length) {
+      this.#items = []
+      this.#head = 0
+    } else if (this.#head >= 1024 && this.#head * 2 >= this.#items.length) {
+      this.#items = this.#items.slice(this.#head)
+      this.#head = 0
+    }
+    return item
+  }
+}
+
 interface Held {
   readonly request: Http.IncomingMessage
   readonly response: Http.ServerResponse
+  readonly since: number
+}
+
+interface Paused {
+  readonly socket: Net.Socket
   readonly since: number
 }
 
@@ -53,9 +89,15 @@ type Start = (request: Http.IncomingMessage, response: Http.ServerResponse) => v
 export class BusyGate {
   #working = 0
   #saturated = false
-  /** Waiting requests, oldest first from `#head`. */
-  #held: Array<Held | undefined> = []
-  #head = 0
+  /** Requests read and waiting, oldest first. */
+  readonly #held = new Fifo<Held>()
+  /**
+   * Kept-alive connections whose answer ended while the gate was full: not read until there is room, so that
+   * their next request waits in the kernel's buffers instead of in memory.
+   */
+  readonly #paused = new Fifo<Paused>()
+  /** Connections resumed since the last sample whose next request has not come yet. */
+  #resuming = 0
   readonly #concurrency: number
   /**
    * Samples since start. A request counts in the slot of the sample it started in, for `#window` samples: past
@@ -87,7 +129,11 @@ export class BusyGate {
   }
   /** Requests waiting at the gate. */
   get held(): number {
-    return this.#held.length - this.#head
+    return this.#held.size
+  }
+  /** Kept-alive connections not read until there is room. */
+  get paused(): number {
+    return this.#paused.size
   }
   get saturated(): boolean {
     return this.#saturated
@@ -96,59 +142,74 @@ export class BusyGate {
   /** A request Node has read the head of: started now, or held. */
   offer(request: Http.IncomingMessage, response: Http.ServerResponse): void {
     if (this.#concurrency === 0 || reads(request.method)) return this.start(request, response)
-    if (this.#head === this.#held.length && !this.#full()) return this.#begin(request, response)
+    if (this.#resuming > 0) this.#resuming -= 1
+    if (this.#held.size === 0 && !this.#full()) return this.#begin(request, response)
     this.#held.push({ request, response, since: this.now() })
     this.#admit()
   }
 
-  /** A request started at sample `epoch` was answered (its response closed); once per started request. */
-  release(epoch: number): void {
-    if (this.#epoch - epoch >= this.#window) return
-    this.#started[epoch % this.#window]! -= 1
-    this.#working -= 1
+  /**
+   * A request started at sample `epoch` was answered (its response closed); once per started request. `socket`:
+   * its connection, when it stays open for a next request; paused while the gate is full or others wait.
+   */
+  release(epoch: number, socket: Net.Socket | null): void {
+    if (this.#epoch - epoch < this.#window) {
+      this.#started[epoch % this.#window]! -= 1
+      this.#working -= 1
+    }
+    if (socket !== null && (this.#held.size > 0 || this.#full())) {
+      socket.pause()
+      this.#paused.push({ socket, since: this.now() })
+    }
     this.#admit()
   }
 
   /**
    * A utilization sample, every `SAMPLE_MS`: saturated or not. Requests that started `busy_max_wait_ms` ago stop
-   * counting; requests that waited that long start regardless.
+   * counting; requests and connections that waited that long go on regardless.
    */
   sample(saturated: boolean): void {
     this.#saturated = saturated
+    this.#resuming = 0
     this.#epoch += 1
     const slot = this.#epoch % this.#window
     this.#working -= this.#started[slot]!
     this.#started[slot] = 0
     const oldest = this.now() - this.limits.busy_max_wait_ms
-    while (this.held > 0 && this.#held[this.#head]!.since <= oldest) this.#begin(...this.#next())
+    while (this.#held.size > 0 && this.#held.peek()!.since <= oldest) this.#startHeld()
+    while (this.#paused.size > 0 && this.#paused.peek()!.since <= oldest) this.#resumeOne()
     this.#admit()
   }
 
-  /** Every held request starts now (the listener is draining: each gets its answer within the grace period). */
+  /** Every held request starts and every paused connection is read now (the listener is draining). */
   releaseAll(): void {
-    while (this.held > 0) this.#begin(...this.#next())
+    while (this.#held.size > 0) this.#startHeld()
+    while (this.#paused.size > 0) this.#resumeOne()
   }
 
   #full(): boolean {
     return this.#saturated && this.#working >= this.#concurrency
   }
 
+  /** Held requests first (they were read); then paused connections, counting the requests on their way. */
   #admit(): void {
-    while (this.held > 0 && !this.#full()) this.#begin(...this.#next())
+    while (this.#held.size > 0 && !this.#full()) this.#startHeld()
+    while (
+      this.#paused.size > 0 && this.#held.size === 0 &&
+      (!this.#saturated || this.#working + this.#resuming < this.#concurrency)
+    ) this.#resumeOne()
   }
 
-  #next(): [Http.IncomingMessage, Http.ServerResponse] {
-    const held = this.#held[this.#head]!
-    this.#held[this.#head] = undefined
-    this.#head += 1
-    if (this.#head === this.#held.length) {
-      this.#held = []
-      this.#head = 0
-    } else if (this.#head >= 1024 && this.#head * 2 >= this.#held.length) {
-      this.#held = this.#held.slice(this.#head)
-      this.#head = 0
-    }
-    return [held.request, held.response]
+  #startHeld(): void {
+    const held = this.#held.shift()
+    this.#begin(held.request, held.response)
+  }
+
+  #resumeOne(): void {
+    const { socket } = this.#paused.shift()
+    if (socket.destroyed) return
+    this.#resuming += 1
+    socket.resume()
   }
 
   #begin(request: Http.IncomingMessage, response: Http.ServerResponse): void {
@@ -159,6 +220,7 @@ export class BusyGate {
     const gated = response as GatedResponse
     gated.gate = this
     gated.gateEpoch = this.#epoch
+    gated.gateSocket = request.socket
     // One shared listener: no closure per request.
     response.on("close", releaseOnClose)
     this.start(request, response)
@@ -171,13 +233,19 @@ export class GatedResponse<Request extends Http.IncomingMessage = Http.IncomingM
 {
   gate: BusyGate | null = null
   gateEpoch = 0
+  gateSocket: Net.Socket | null = null
 }
 
 function releaseOnClose(this: GatedResponse) {
   const gate = this.gate
   if (gate === null) return
+  const socket = this.gateSocket
   this.gate = null
-  gate.release(this.gateEpoch)
+  this.gateSocket = null
+  // The connection stays for a next request unless the answer closed it (or the client left).
+  const reusable = socket !== null && !socket.destroyed && socket.writable && this.shouldKeepAlive &&
+    (this as GatedResponse & { readonly _last?: boolean })._last !== true
+  gate.release(this.gateEpoch, reusable ? socket : null)
 }
 
 /**

@@ -8,6 +8,14 @@ export class Lifecycle extends Context.Service<Lifecycle, {
   readonly draining: () => boolean
   /** Requests received and not yet answered (a stream counts until its last byte), over every listener. */
   readonly openRequests: () => number
-  /** The busy gate over every listener (http/BusyGate.ts): requests working, requests held, saturated now. */
-  readonly busy: () => { readonly working: number; readonly held: number; readonly saturated: boolean }
+  /**
+   * The busy gate over every listener (http/BusyGate.ts): requests working, requests held, kept-alive connections
+   * not read until there is room, saturated now.
+   */
+  readonly busy: () => {
+    readonly working: number
+    readonly held: number
+    readonly paused: number
+    readonly saturated: boolean
+  }
 }>()("wellspring/http/Lifecycle") {}

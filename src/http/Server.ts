@@ -315,6 +315,7 @@ export const layer = <Rs extends Routes<any>, RE = never>(
       busy: () => ({
         working: gates.reduce((n, g) => n + g.working, 0),
         held: gates.reduce((n, g) => n + g.held, 0),
+        paused: gates.reduce((n, g) => n + g.paused, 0),
         saturated: gates.some((g) => g.saturated)
       })
     })

@@ -63,6 +63,7 @@ export const METRICS = {
   imageWait: { name: "wellspring_image_queue_wait_seconds", help: "Time an image job waited for a worker, seconds" },
   busyWorking: { name: "wellspring_http_requests_working", help: "Requests that do work started within limits.busy_max_wait_ms and not yet answered (the busy gate counts them)" },
   busyHeld: { name: "wellspring_http_requests_held", help: "Requests waiting at the busy gate while the process is saturated" },
+  busyPaused: { name: "wellspring_http_connections_paused", help: "Kept-alive connections the busy gate reads again once there is room" },
   saturated: { name: "wellspring_http_saturated", help: "1 while the event loop is busy past limits.busy_utilization, else 0" }
 } as const
 
@@ -119,7 +120,7 @@ export interface ScrapeSources {
   readonly keyCache: { readonly hits: number; readonly misses: number }
   readonly images: { readonly waiting: number; readonly workersOnline: number } | null
   /** The busy gate over every listener (http/Lifecycle.ts). */
-  readonly busy: { readonly working: number; readonly held: number; readonly saturated: boolean }
+  readonly busy: { readonly working: number; readonly held: number; readonly paused: number; readonly saturated: boolean }
 }
 
 type Attributes = Record<string, string>
@@ -157,6 +158,7 @@ export class Telemetry {
     readonly imageWorkers: Metric.Gauge<number>
     readonly busyWorking: Metric.Gauge<number>
     readonly busyHeld: Metric.Gauge<number>
+    readonly busyPaused: Metric.Gauge<number>
     readonly saturated: Metric.Gauge<number>
   }
   readonly #imageWait: Metric.Histogram<number>
@@ -195,6 +197,7 @@ export class Telemetry {
       imageWorkers: gauge(METRICS.imageWorkers, {}),
       busyWorking: gauge(METRICS.busyWorking, {}),
       busyHeld: gauge(METRICS.busyHeld, {}),
+      busyPaused: gauge(METRICS.busyPaused, {}),
       saturated: gauge(METRICS.saturated, {})
     }
     this.#imageWait = histogram(METRICS.imageWait, IMAGE_WAIT_BUCKETS, {})
@@ -343,6 +346,7 @@ export class Telemetry {
     s.hitRatio.updateUnsafe(lookups === 0 ? 0 : sources.keyCache.hits / lookups, context)
     s.busyWorking.updateUnsafe(sources.busy.working, context)
     s.busyHeld.updateUnsafe(sources.busy.held, context)
+    s.busyPaused.updateUnsafe(sources.busy.paused, context)
     s.saturated.updateUnsafe(sources.busy.saturated ? 1 : 0, context)
     if (sources.images !== null) {
       s.imageWaiting.updateUnsafe(sources.images.waiting, context)

@@ -124,7 +124,7 @@ describe("busy gate (saturated, room for one)", () => {
     await eventually(() => upstream.arrivals.includes("a1"))
     const b = chat(gw, "b1")
     await eventually(async () => (await busy(gw)).held === 1)
-    expect(await busy(gw)).toEqual({ working: 1, held: 1, saturated: true })
+    expect(await busy(gw)).toEqual({ working: 1, held: 1, paused: 0, saturated: true })
     expect(upstream.arrivals.slice(before)).toEqual(["a1"])
     // A read is neither held nor counted.
     const models = await fetch(`${gw.url}/v1/models`, { headers: authed(gw.key) })
@@ -139,7 +139,47 @@ describe("busy gate (saturated, room for one)", () => {
     expect(answered.status).toBe(200)
     expect(((await answered.json()) as { choices: Array<{ message: { content: string } }> }).choices[0]!.message.content).toBe("re b1")
     await eventually(async () => (await busy(gw)).working === 0)
-    expect(await busy(gw)).toEqual({ working: 0, held: 0, saturated: true })
+    expect(await busy(gw)).toEqual({ working: 0, held: 0, paused: 0, saturated: true })
+  })
+
+  it("a kept-alive connection answered while another request waits is not read again until there is room", async () => {
+    const agent = new Http.Agent({ keepAlive: true, maxSockets: 1 })
+    const post = (name: string) =>
+      new Promise<{ status: number; socket: unknown }>((resolve, reject) => {
+        const req = Http.request(`${gw.url}/v1/chat/completions`, { method: "POST", agent, headers: authed(gw.key) }, (res) => {
+          res.resume()
+          res.on("end", () => resolve({ status: res.statusCode!, socket: req.socket }))
+        })
+        req.on("error", reject)
+        req.end(JSON.stringify({ model: "held", messages: [{ role: "user", content: name }] }))
+      })
+    try {
+      const a = post("a7")
+      await eventually(() => upstream.arrivals.includes("a7"))
+      const b = chat(gw, "b7")
+      await eventually(async () => (await busy(gw)).held === 1)
+      upstream.answer("a7")
+      const first = await a
+      expect(first.status).toBe(200)
+      // b7 starts in a7's place; a7's connection is paused, so the next request on it waits unread.
+      await eventually(() => upstream.arrivals.includes("b7"))
+      expect(await busy(gw)).toEqual({ working: 1, held: 0, paused: 1, saturated: true })
+      const c = post("c7")
+      expect(await busy(gw)).toMatchObject({ working: 1, held: 0, paused: 1 })
+      expect(upstream.arrivals).not.toContain("c7")
+      upstream.answer("b7")
+      expect((await b).status).toBe(200)
+      // Room again: the connection is read, and c7 comes on the same socket.
+      await eventually(() => upstream.arrivals.includes("c7"))
+      upstream.answer("c7")
+      const third = await c
+      expect(third.status).toBe(200)
+      expect(third.socket).toBe(first.socket)
+      await eventually(async () => (await busy(gw)).working === 0)
+      expect(await busy(gw)).toMatchObject({ working: 0, held: 0, paused: 0 })
+    } finally {
+      agent.destroy()
+    }
   })
 
   it("a held request whose client leaves never starts: no upstream call, no request row", async () => {

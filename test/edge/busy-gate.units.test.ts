@@ -43,6 +43,17 @@ const gateOf = (limits: { concurrency: number; maxWaitMs?: number }) => {
   return { gate, started, offer, sample }
 }
 
+/** A request on a kept-alive connection: its socket can be paused and resumed. */
+const keptAlive = (name: string) => {
+  const f = fake(name)
+  const socket = f.request.socket as unknown as { paused: boolean; destroyed: boolean; pause(): void; resume(): void }
+  Object.assign(socket, { paused: false, destroyed: false })
+  socket.pause = () => void (socket.paused = true)
+  socket.resume = () => void (socket.paused = false)
+  Object.assign(f.response, { shouldKeepAlive: true })
+  return { ...f, socket }
+}
+
 /** The response's head was written or it closed: what `GatedResponse` reports (here through `close`). */
 const answer = (f: Fake) => f.response.emit("close")
 
@@ -173,5 +184,73 @@ describe("busy gate", () => {
     expect([defaultConcurrency(8), defaultConcurrency(32), defaultConcurrency(undefined)]).toEqual([64, 256, 64])
     const unset = new BusyGate({ busy_utilization: 0.9, busy_max_wait_ms: 1000 }, () => {})
     expect(unset.concurrency).toBe(defaultConcurrency())
+  })
+
+  it("a kept-alive connection whose answer ends while others wait is not read again until there is room", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 1 })
+    sample(true, 0)
+    const a = keptAlive("a")
+    const b = fake("b")
+    offer(a)
+    offer(b)
+    answer(a)
+    // b was waiting: a's connection is paused (its next request stays unread), b starts in a's place.
+    expect(a.socket.paused).toBe(true)
+    expect(started).toEqual(["a", "b"])
+    expect([gate.working, gate.held, gate.paused]).toEqual([1, 0, 1])
+    answer(b)
+    // Room again and nobody held: a's connection is read again, its next request counted as on its way.
+    expect(a.socket.paused).toBe(false)
+    expect(gate.paused).toBe(0)
+    const next = keptAlive("a2")
+    offer(next)
+    expect(started).toEqual(["a", "b", "a2"])
+    expect(gate.working).toBe(1)
+  })
+
+  it("a connection answered while there is room is never paused, nor one the answer closes", () => {
+    const { gate, offer, sample } = gateOf({ concurrency: 2 })
+    sample(true, 0)
+    const a = keptAlive("a")
+    offer(a)
+    answer(a)
+    expect([a.socket.paused, gate.paused]).toEqual([false, 0])
+    const closing = keptAlive("closing")
+    Object.assign(closing.response, { shouldKeepAlive: false })
+    offer(closing)
+    offer(keptAlive("b"))
+    offer(fake("held"))
+    answer(closing)
+    expect([closing.socket.paused, gate.paused]).toEqual([false, 0])
+  })
+
+  it("paused connections are read again after busy_max_wait_ms, when no longer saturated, and at the drain", () => {
+    const { gate, offer, sample } = gateOf({ concurrency: 1, maxWaitMs: 500 })
+    sample(true, 0)
+    /** A kept-alive request answered while another waits: its connection paused; the other now works. */
+    const pausedAt = (name: string, t: number) => {
+      const k = keptAlive(name)
+      const other = fake(name + "-held")
+      offer(k, t)
+      offer(other, t)
+      answer(k)
+      expect(k.socket.paused).toBe(true)
+      return { k, other }
+    }
+    const first = pausedAt("first", 0)
+    // Nothing answers: the connection stays paused until it has waited 500 ms.
+    sample(true, 499)
+    expect(first.k.socket.paused).toBe(true)
+    sample(true, 500)
+    expect(first.k.socket.paused).toBe(false)
+    answer(first.other)
+    const second = pausedAt("second", 600)
+    sample(false, 700)
+    expect(second.k.socket.paused).toBe(false)
+    answer(second.other)
+    sample(true, 800)
+    const third = pausedAt("third", 800).k
+    gate.releaseAll()
+    expect([third.socket.paused, gate.paused, gate.held]).toEqual([false, 0, 0])
   })
 })

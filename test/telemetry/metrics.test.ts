@@ -31,6 +31,7 @@ const EXPECTED: ReadonlyArray<readonly [string, string, ReadonlyArray<string>]> 
   ["wellspring_key_cache_hit_ratio", "gauge", []],
   ["wellspring_http_requests_working", "gauge", []],
   ["wellspring_http_requests_held", "gauge", []],
+  ["wellspring_http_connections_paused", "gauge", []],
   ["wellspring_http_saturated", "gauge", []]
 ]
 

@@ -27,7 +27,7 @@ const scrape = async (queue: Context.Service.Shape<typeof ImageQueue> | null, te
     Context.add(Lifecycle, {
       draining: () => false,
       openRequests: () => 7,
-      busy: () => ({ working: 4, held: 6, saturated: true })
+      busy: () => ({ working: 4, held: 6, paused: 2, saturated: true })
     })
   )
   if (queue !== null) context = Context.add(context, ImageQueue, queue)
@@ -56,6 +56,7 @@ describe("/metrics route", () => {
     // The busy gate's figures, read from the listeners' lifecycle.
     expect(families.get("wellspring_http_requests_working")!.samples[0]!.value).toBe(4)
     expect(families.get("wellspring_http_requests_held")!.samples[0]!.value).toBe(6)
+    expect(families.get("wellspring_http_connections_paused")!.samples[0]!.value).toBe(2)
     expect(families.get("wellspring_http_saturated")!.samples[0]!.value).toBe(1)
     // No image domain: no image gauges.
     expect([...families.keys()].filter((n) => n.startsWith("wellspring_image_"))).toEqual([])
