@@ -28,6 +28,11 @@ export interface BusyLimits {
   readonly busy_utilization: number
   /** Longest a request waits at the gate. */
   readonly busy_max_wait_ms: number
+  /**
+   * Idle time of a kept-alive connection before Node closes it: a paused connection is read again within half of
+   * it, so that a request sent on it is never lost to the idle timeout.
+   */
+  readonly keep_alive_seconds?: number | undefined
 }
 
 /**
@@ -107,6 +112,8 @@ export class BusyGate {
   #epoch = 0
   readonly #window: number
   readonly #started: Int32Array
+  /** Longest a connection stays paused. */
+  readonly #pauseMs: number
 
   constructor(
     private readonly limits: BusyLimits,
@@ -117,6 +124,7 @@ export class BusyGate {
     this.#concurrency = limits.busy_concurrency ?? defaultConcurrency()
     this.#window = Math.ceil(limits.busy_max_wait_ms / SAMPLE_MS)
     this.#started = new Int32Array(this.#window)
+    this.#pauseMs = Math.min(limits.busy_max_wait_ms, (limits.keep_alive_seconds ?? Infinity) * 500)
   }
 
   /** The working requests past which new ones wait while saturated (0: never). */
@@ -177,7 +185,8 @@ export class BusyGate {
     this.#started[slot] = 0
     const oldest = this.now() - this.limits.busy_max_wait_ms
     while (this.#held.size > 0 && this.#held.peek()!.since <= oldest) this.#startHeld()
-    while (this.#paused.size > 0 && this.#paused.peek()!.since <= oldest) this.#resumeOne()
+    const pausedSince = this.now() - this.#pauseMs
+    while (this.#paused.size > 0 && this.#paused.peek()!.since <= pausedSince) this.#resumeOne()
     this.#admit()
   }
 

@@ -22,12 +22,17 @@ const fake = (name: string, method = "POST"): Fake => {
   return { name, request, response, leave: () => void (socket.writable = false) }
 }
 
-const gateOf = (limits: { concurrency: number; maxWaitMs?: number }) => {
+const gateOf = (limits: { concurrency: number; maxWaitMs?: number; keepAliveSeconds?: number }) => {
   const started: Array<string> = []
   const names = new Map<Http.IncomingMessage, string>()
   let time = 0
   const gate = new BusyGate(
-    { busy_concurrency: limits.concurrency, busy_utilization: 0.9, busy_max_wait_ms: limits.maxWaitMs ?? 1000 },
+    {
+      busy_concurrency: limits.concurrency,
+      busy_utilization: 0.9,
+      busy_max_wait_ms: limits.maxWaitMs ?? 1000,
+      keep_alive_seconds: limits.keepAliveSeconds
+    },
     (request) => started.push(names.get(request)!),
     () => time
   )
@@ -252,5 +257,19 @@ describe("busy gate", () => {
     const third = pausedAt("third", 800).k
     gate.releaseAll()
     expect([third.socket.paused, gate.paused, gate.held]).toEqual([false, 0, 0])
+  })
+
+  it("a connection stays paused at most half its keep-alive idle time, so Node never closes it under a request", () => {
+    const { offer, sample } = gateOf({ concurrency: 1, maxWaitMs: 5000, keepAliveSeconds: 1 })
+    sample(true, 0)
+    const a = keptAlive("a")
+    offer(a, 0)
+    offer(fake("held"), 0)
+    answer(a)
+    expect(a.socket.paused).toBe(true)
+    sample(true, 499)
+    expect(a.socket.paused).toBe(true)
+    sample(true, 500)
+    expect(a.socket.paused).toBe(false)
   })
 })
