@@ -114,6 +114,8 @@ export class BusyGate {
   readonly #started: Int32Array
   /** Longest a connection stays paused. */
   readonly #pauseMs: number
+  /** The listener is draining: nothing is held or paused any more. */
+  #draining = false
 
   constructor(
     private readonly limits: BusyLimits,
@@ -149,7 +151,7 @@ export class BusyGate {
 
   /** A request Node has read the head of: started now, or held. */
   offer(request: Http.IncomingMessage, response: Http.ServerResponse): void {
-    if (this.#concurrency === 0 || reads(request.method)) return this.start(request, response)
+    if (this.#concurrency === 0 || this.#draining || reads(request.method)) return this.start(request, response)
     if (this.#resuming > 0) this.#resuming -= 1
     if (this.#held.size === 0 && !this.#full()) return this.#begin(request, response)
     this.#held.push({ request, response, since: this.now() })
@@ -165,7 +167,7 @@ export class BusyGate {
       this.#started[epoch % this.#window]! -= 1
       this.#working -= 1
     }
-    if (socket !== null && (this.#held.size > 0 || this.#full())) {
+    if (socket !== null && !this.#draining && (this.#held.size > 0 || this.#full())) {
       socket.pause()
       this.#paused.push({ socket, since: this.now() })
     }
@@ -190,8 +192,13 @@ export class BusyGate {
     this.#admit()
   }
 
-  /** Every held request starts and every paused connection is read now (the listener is draining). */
+  /**
+   * The listener is draining: every held request starts and every paused connection is read now, and from here on
+   * nothing waits (a connection paused during the drain could not see its client's close, and the drain would last
+   * its whole grace period).
+   */
   releaseAll(): void {
+    this.#draining = true
     while (this.#held.size > 0) this.#startHeld()
     while (this.#paused.size > 0) this.#resumeOne()
   }

@@ -277,6 +277,14 @@ const withRequestBase = <A, E, R>(effect: Effect.Effect<A, E, R>): Effect.Effect
     (context: Context.Context<R>) => Context.makeUnsafe<R>(new Map(context.mapUnsafe), { maxDepth: REQUEST_CONTEXT_DEPTH })
   )
 
+/**
+ * After the event loop's next poll for I/O: a connection resumed now has had what its client sent read (and a
+ * request head in it parsed) by then. The second turn is needed when the first check phase comes before that poll.
+ */
+const afterNextPoll = Effect.callback<void>((resume) => {
+  setImmediate(() => setImmediate(() => resume(Effect.void)))
+})
+
 const listen = (server: Http.Server, listener: Listener) =>
   Effect.callback<number, NodeJS.ErrnoException>((resume) => {
     const onError = (error: NodeJS.ErrnoException) => resume(Effect.fail(error))
@@ -329,8 +337,11 @@ export const layer = <Rs extends Routes<any>, RE = never>(
           server.close(() => resume(Effect.void))
         })
       )
-      closeIdle.forEach((close) => close())
+      // Paused connections are read again first, and idle ones closed only after the event loop has polled them
+      // once: a request a client sent on a paused connection is then in flight, and answered, not cut.
       gates.forEach((gate) => gate.releaseAll())
+      yield* afterNextPoll
+      closeIdle.forEach((close) => close())
       // Finalizers run uninterruptibly: without `interruptible` the timeout could not stop the wait, and
       // the grace period would last until the last connection closed by itself.
       // Connections first, then the fibers their streams started from callbacks (settles, cancellations).

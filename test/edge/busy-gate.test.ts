@@ -97,6 +97,24 @@ const chat = (gw: TestGateway, name: string, options: { stream?: boolean; signal
     ...(options.signal ? { signal: options.signal } : {})
   })
 
+/**
+ * Chat requests on one kept-alive connection (`agent` with one socket); `sent` settles once the request has been
+ * handed to the kernel.
+ */
+const keptAlive = (gw: TestGateway, agent: Http.Agent) => (name: string) => {
+  let sent!: Promise<void>
+  const answered = new Promise<{ status: number; socket: unknown }>((resolve, reject) => {
+    const req = Http.request(`${gw.url}/v1/chat/completions`, { method: "POST", agent, headers: authed(gw.key) }, (res) => {
+      res.resume()
+      res.on("end", () => resolve({ status: res.statusCode!, socket: req.socket }))
+    })
+    req.on("error", reject)
+    sent = new Promise((resolve) => req.once("finish", resolve))
+    req.end(JSON.stringify({ model: "held", messages: [{ role: "user", content: name }] }))
+  })
+  return Object.assign(answered, { sent })
+}
+
 const busy = (gw: TestGateway) => gw.run(Effect.map(BoundListeners, (b) => b.lifecycle.busy()))
 
 const openRequests = (gw: TestGateway) => gw.run(Effect.map(BoundListeners, (b) => b.lifecycle.openRequests()))
@@ -144,15 +162,7 @@ describe("busy gate (saturated, room for one)", () => {
 
   it("a kept-alive connection answered while another request waits is not read again until there is room", async () => {
     const agent = new Http.Agent({ keepAlive: true, maxSockets: 1 })
-    const post = (name: string) =>
-      new Promise<{ status: number; socket: unknown }>((resolve, reject) => {
-        const req = Http.request(`${gw.url}/v1/chat/completions`, { method: "POST", agent, headers: authed(gw.key) }, (res) => {
-          res.resume()
-          res.on("end", () => resolve({ status: res.statusCode!, socket: req.socket }))
-        })
-        req.on("error", reject)
-        req.end(JSON.stringify({ model: "held", messages: [{ role: "user", content: name }] }))
-      })
+    const post = keptAlive(gw, agent)
     try {
       const a = post("a7")
       await eventually(() => upstream.arrivals.includes("a7"))
@@ -261,5 +271,46 @@ describe("busy gate: the longest wait and the drain", () => {
     upstream.answer("b5")
     expect([(await a).status, (await b).status]).toEqual([200, 200])
     await drained
+  })
+})
+
+describe("busy gate: a paused connection at the drain", () => {
+  let draining: TestGateway
+  beforeAll(async () => {
+    draining = await startGateway({ configure: configure(upstream, 60_000) })
+  }, 60_000)
+  afterAll(async () => {
+    await draining?.stop()
+  })
+
+  it("a request sent on a paused connection just before the drain is read and answered, not cut", async () => {
+    const agent = new Http.Agent({ keepAlive: true, maxSockets: 1 })
+    const post = keptAlive(draining, agent)
+    try {
+      const a = post("a8")
+      await eventually(() => upstream.arrivals.includes("a8"))
+      const b = chat(draining, "b8")
+      await eventually(async () => (await busy(draining)).held === 1)
+      upstream.answer("a8")
+      const first = await a
+      expect(first.status).toBe(200)
+      await eventually(() => upstream.arrivals.includes("b8"))
+      expect(await busy(draining)).toMatchObject({ working: 1, held: 0, paused: 1 })
+      // c8 waits in the kernel's buffers of the paused connection when the drain begins.
+      const c = post("c8")
+      await c.sent
+      expect(upstream.arrivals).not.toContain("c8")
+      const drained = draining.run(Effect.flatMap(BoundListeners, (bound) => bound.drain))
+      await eventually(() => upstream.arrivals.includes("c8"))
+      expect(await busy(draining)).toMatchObject({ held: 0, paused: 0 })
+      upstream.answer("c8")
+      upstream.answer("b8")
+      const third = await c
+      expect([third.status, (await b).status]).toEqual([200, 200])
+      expect(third.socket).toBe(first.socket)
+      await drained
+    } finally {
+      agent.destroy()
+    }
   })
 })
