@@ -259,6 +259,22 @@ describe("busy gate", () => {
     expect([third.socket.paused, gate.paused, gate.held]).toEqual([false, 0, 0])
   })
 
+  it("after releaseAll nothing waits: a full gate starts new requests and pauses no connection", () => {
+    const { gate, offer, started, sample } = gateOf({ concurrency: 1 })
+    sample(true, 0)
+    const a = keptAlive("a")
+    offer(a)
+    offer(fake("b"))
+    gate.releaseAll()
+    expect(started).toEqual(["a", "b"])
+    // Full (two working, room for one) and saturated: still no wait, and a's connection stays readable, so the
+    // drain sees its client close.
+    offer(fake("c"))
+    expect(started).toEqual(["a", "b", "c"])
+    answer(a)
+    expect([a.socket.paused, gate.paused, gate.held]).toEqual([false, 0, 0])
+  })
+
   it("a connection stays paused at most half its keep-alive idle time, so Node never closes it under a request", () => {
     const { offer, sample } = gateOf({ concurrency: 1, maxWaitMs: 5000, keepAliveSeconds: 1 })
     sample(true, 0)
