@@ -115,6 +115,22 @@ const keptAlive = (gw: TestGateway, agent: Http.Agent) => (name: string) => {
   return Object.assign(answered, { sent })
 }
 
+/**
+ * With room for one: `a<tag>` on the kept-alive connection works while `b<tag>` is held; `a<tag>` is answered, so
+ * `b<tag>` starts in its place and the connection is paused (the next request on it waits unread).
+ */
+const pauseConnection = async (gw: TestGateway, post: ReturnType<typeof keptAlive>, tag: string) => {
+  const a = post(`a${tag}`)
+  await eventually(() => upstream.arrivals.includes(`a${tag}`))
+  const b = chat(gw, `b${tag}`)
+  await eventually(async () => (await busy(gw)).held === 1)
+  upstream.answer(`a${tag}`)
+  const first = await a
+  expect(first.status).toBe(200)
+  await eventually(() => upstream.arrivals.includes(`b${tag}`))
+  return { first, b }
+}
+
 const busy = (gw: TestGateway) => gw.run(Effect.map(BoundListeners, (b) => b.lifecycle.busy()))
 
 const openRequests = (gw: TestGateway) => gw.run(Effect.map(BoundListeners, (b) => b.lifecycle.openRequests()))
@@ -164,15 +180,7 @@ describe("busy gate (saturated, room for one)", () => {
     const agent = new Http.Agent({ keepAlive: true, maxSockets: 1 })
     const post = keptAlive(gw, agent)
     try {
-      const a = post("a7")
-      await eventually(() => upstream.arrivals.includes("a7"))
-      const b = chat(gw, "b7")
-      await eventually(async () => (await busy(gw)).held === 1)
-      upstream.answer("a7")
-      const first = await a
-      expect(first.status).toBe(200)
-      // b7 starts in a7's place; a7's connection is paused, so the next request on it waits unread.
-      await eventually(() => upstream.arrivals.includes("b7"))
+      const { first, b } = await pauseConnection(gw, post, "7")
       expect(await busy(gw)).toEqual({ working: 1, held: 0, paused: 1, saturated: true })
       const c = post("c7")
       expect(await busy(gw)).toMatchObject({ working: 1, held: 0, paused: 1 })
@@ -287,14 +295,7 @@ describe("busy gate: a paused connection at the drain", () => {
     const agent = new Http.Agent({ keepAlive: true, maxSockets: 1 })
     const post = keptAlive(draining, agent)
     try {
-      const a = post("a8")
-      await eventually(() => upstream.arrivals.includes("a8"))
-      const b = chat(draining, "b8")
-      await eventually(async () => (await busy(draining)).held === 1)
-      upstream.answer("a8")
-      const first = await a
-      expect(first.status).toBe(200)
-      await eventually(() => upstream.arrivals.includes("b8"))
+      const { first, b } = await pauseConnection(draining, post, "8")
       expect(await busy(draining)).toMatchObject({ working: 1, held: 0, paused: 1 })
       // c8 waits in the kernel's buffers of the paused connection when the drain begins.
       const c = post("c8")
