@@ -16,6 +16,7 @@ import {
   emptyAccount,
   type GateState,
   isIdle,
+  pruneUpTo,
   rollDay,
   rollWindows,
   rpmCount,
@@ -294,6 +295,66 @@ describe("standing, RPM count, idleness", () => {
     expect(rpmCount(s, T0 + MIN)).toBe(2)
     expect(rpmCount(s, T0 + 90_000)).toBe(0)
     expect(s.rpm.size).toBe(0)
+  })
+
+  it("pruneUpTo returns where the window starts; expired entries leave once they are 64 and a quarter of the array", () => {
+    const times = Array.from({ length: 400 }, (_, i) => T0 + i)
+    expect(pruneUpTo(times, T0 - 1)).toBe(0)
+    // 63 expired: fewer than 64, kept.
+    expect(pruneUpTo(times, T0 + 62)).toBe(63)
+    expect(times).toHaveLength(400)
+    // 99 of 400: fewer than a quarter, kept.
+    expect(pruneUpTo(times, T0 + 98)).toBe(99)
+    expect(times).toHaveLength(400)
+    // 100 of 400: dropped at once.
+    expect(pruneUpTo(times, T0 + 99)).toBe(0)
+    expect(times).toEqual(Array.from({ length: 300 }, (_, i) => T0 + 100 + i))
+    // A few expired of a small window stay until all of it has: then the array empties.
+    const small = [T0, T0 + 1, T0 + 2]
+    expect(pruneUpTo(small, T0)).toBe(1)
+    expect(small).toHaveLength(3)
+    expect(pruneUpTo(small, T0 + 2)).toBe(0)
+    expect(small).toEqual([])
+  })
+
+  it("a large RPM window slides exactly, in at most a third more than its size, with expired entries at its front", () => {
+    // 300,000 requests, one every 0.5 ms (2,000 a second), under a limit of 150,000 a minute: the window reaches
+    // 120,000 entries; every decision sees exactly the admissions of the last 60 s.
+    const s = emptyAccount()
+    const m = model({ id: "m", rate_limit_rpm: 150_000 })
+    const step = 0.5
+    let longest = 0
+    for (let k = 0; k < 300_000; k++) {
+      const now = T0 + k * step
+      const d = admit(s, undefined, request({ model: m, byok: true }), LAX, now)
+      if (d._tag !== "Admitted") throw new Error(`request ${k} refused`)
+      // Admissions in (now - 60 s, now]: this one and the earlier ones less than 60 s old.
+      const inWindow = Math.min(k + 1, MIN / step)
+      if (d.rpmCount !== inWindow || d.rpmOldest !== now - (inWindow - 1) * step) {
+        throw new Error(`request ${k}: ${d.rpmCount} in the window from ${d.rpmOldest}, expected ${inWindow}`)
+      }
+      longest = Math.max(longest, s.rpm.get("m")!.length)
+    }
+    expect(longest).toBeLessThanOrEqual(Math.ceil((4 / 3) * (MIN / step)) + 64)
+    expect(rpmCount(s, T0 + 300_000 * step)).toBe(MIN / step - 1)
+  })
+
+  it("a full window with expired entries at its front refuses with the wait for the entry that must leave", () => {
+    const s = emptyAccount()
+    const m = model({ id: "m", rate_limit_rpm: 100 })
+    // 130 admissions 0.5 s apart from T0.
+    const times = Array.from({ length: 130 }, (_, i) => T0 + i * 500)
+    s.rpm.set("m", times)
+    // 1 ms after the last: the first 10 have left the window (they stay in the array), 120 remain: full.
+    const refused = admit(s, undefined, request({ model: m, byok: true }), LAX, T0 + 64_501)
+    // One more fits once the entry 100 from the end (T0 + 15 s) leaves, at T0 + 75 s: 10.499 s → 11.
+    expect(rejectionOf(refused)).toEqual({ code: "rate_limited", retryAfter: 11 })
+    expect(times).toHaveLength(130)
+    // 1 ms after that entry left: 31 have left, 99 remain; admitted as the 100th, the oldest being T0 + 15.5 s.
+    const d = admit(s, undefined, request({ model: m, byok: true }), LAX, T0 + 75_001)
+    expect(d).toMatchObject({ _tag: "Admitted", rpmCount: 100, rpmOldest: T0 + 15_500 })
+    expect(times).toHaveLength(131)
+    expect(rpmCount(s, T0 + 75_001)).toBe(100)
   })
 
   it("isIdle only once nothing can affect a decision", () => {
