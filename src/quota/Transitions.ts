@@ -134,6 +134,12 @@ export const copyAccount = (s: AccountState): AccountState => {
 // ---------------------------------------------------------------------------------------------------------------
 // Windows
 
+/** Appends `now`, never below the last entry: a wall clock stepped back keeps the array ascending. */
+const appendTime = (times: Array<number>, now: number): void => {
+  const last = times[times.length - 1]
+  times.push(last !== undefined && last > now ? last : now)
+}
+
 /** Expired entries at the front of a window that may stay there (and up to a quarter of the array). */
 const PRUNE_SLACK = 64
 
@@ -290,8 +296,8 @@ export const admit = (
     times = []
     s.rpm.set(model.id, times)
   }
-  times.push(now)
-  s.abuse.push(now)
+  appendTime(times, now)
+  appendTime(s.abuse, now)
   if (pooled) {
     if (s.sessionStart === null) {
       s.sessionStart = now

@@ -357,6 +357,17 @@ describe("standing, RPM count, idleness", () => {
     expect(rpmCount(s, T0 + 75_001)).toBe(100)
   })
 
+  it("a wall clock stepped back keeps the windows ascending (the later admission is recorded at the last time)", () => {
+    const s = emptyAccount()
+    const m = model({ id: "m", rate_limit_rpm: 10 })
+    admit(s, undefined, request({ model: m, byok: true }), LAX, T0 + 10_000)
+    const d = admit(s, undefined, request({ model: m, byok: true }), LAX, T0 + 5_000)
+    expect(d).toMatchObject({ _tag: "Admitted", rpmCount: 2, rpmOldest: T0 + 10_000 })
+    expect(s.rpm.get("m")).toEqual([T0 + 10_000, T0 + 10_000])
+    expect(s.abuse).toEqual([T0 + 10_000, T0 + 10_000])
+    expect(rpmCount(s, T0 + 70_000)).toBe(0)
+  })
+
   it("isIdle only once nothing can affect a decision", () => {
     expect(isIdle(emptyAccount(), T0)).toBe(true)
     expect(isIdle(account({ cooldownUntil: T0 + 1 }), T0)).toBe(false)
