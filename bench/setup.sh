@@ -10,6 +10,8 @@
   doc.abuse = { burst: 1e9, window_seconds: 1, cooldown_seconds: 1 }
   // STATUS_REFRESH_SECONDS=3600 keeps the status refresh (aggregates over request_log) out of a measurement.
   if (process.env.STATUS_REFRESH_SECONDS) doc.status = { ...doc.status, refresh_seconds: Number(process.env.STATUS_REFRESH_SECONDS) }
+  // BUSY_CONCURRENCY sets limits.busy_concurrency (0: the busy gate off).
+  if (process.env.BUSY_CONCURRENCY) doc.limits = { ...doc.limits, busy_concurrency: Number(process.env.BUSY_CONCURRENCY) }
   doc.catalog.providers.mock = { kind: "openai-compatible", base_url: "http://127.0.0.1:" + process.argv[3] + "/v1", connections: Number(process.env.MOCK_CONNECTIONS ?? 64) }
   for (const id of ["gpt-4o-mini", "mock-chunks20-delay10"])
     doc.catalog.models.push({ id, owned_by: "bench", max_input_tokens: 100000, max_output_tokens: 4096,

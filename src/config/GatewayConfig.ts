@@ -327,6 +327,14 @@ export const LimitsConfig = Schema.Struct({
   /** Open connections per listener; beyond it new connections are refused. */
   connections: PositiveInt.pipe(withDefault(() => 4096)),
   /**
+   * Listening sockets per listener sharing its port (`SO_REUSEPORT`; Linux and the BSDs): the event loop accepts
+   * one connection per socket per turn, and a saturated turn takes milliseconds (http/Server.ts, `listen`). 1: one
+   * plain socket, the default where the platform has no `SO_REUSEPORT` balancing.
+   */
+  accept_sockets: PositiveInt.check(Schema.isLessThanOrEqualTo(256)).pipe(
+    withDefault(() => (process.platform === "linux" || process.platform === "freebsd" ? 16 : 1))
+  ),
+  /**
    * Connections that have not yet completed a request, per listener. Past it the oldest such connection is
    * closed to make room, so silent or slow sockets cannot hold the listener.
    */

@@ -1,6 +1,7 @@
 /**
  * Connection bounds of one listener, below the request handlers so that every route inherits them:
- * - `limits.connections`: open connections in all (Node's `maxConnections`: further ones are closed on accept);
+ * - `limits.connections`: open connections in all, over every listening socket of the listener; further ones are
+ *   closed on accept;
  * - `limits.connections_per_address`: open connections from one client address (the TCP peer; trusted proxies
  *   are exempt, their clients are counted per request by the address rule); further ones are closed on accept;
  * - `limits.pending_connections`: connections that have not yet sent a complete request head. Past it the
@@ -49,7 +50,6 @@ export const guardConnections = (
   addresses: ClientAddresses,
   warn: (message: string) => void
 ): ConnectionGuard => {
-  server.maxConnections = limits.connections
   const firstByteMs = limits.first_byte_timeout_seconds * 1000
 
   // A warning per kind at most once a minute while connections are refused.
@@ -60,9 +60,6 @@ export const guardConnections = (
     lastWarning.set(kind, now)
     warn(message)
   }
-  server.on("drop", () =>
-    warnAtMostEveryMinute("cap", `connection cap of ${limits.connections} reached; refusing new connections`))
-
   const sockets = new Set<Socket>()
   const inFlight = new Map<Socket, number>()
   /** Accepted, no request head yet; insertion order is age order. Value: when accepted. */
@@ -91,7 +88,12 @@ export const guardConnections = (
     else perAddress.delete(address)
   }
 
+  // Every connection of the listener, whichever of its listening sockets accepted it (http/Server.ts).
   server.on("connection", (socket: Socket) => {
+    if (sockets.size >= limits.connections) {
+      warnAtMostEveryMinute("cap", `connection cap of ${limits.connections} reached; refusing new connections`)
+      return void socket.destroy()
+    }
     if (!addresses.isTrustedProxy(socket.remoteAddress)) {
       const address = addresses.of(socket.remoteAddress, undefined)
       const open = perAddress.get(address) ?? 0

@@ -9,6 +9,7 @@ import {
   HttpServerResponse
 } from "effect/http"
 import * as Http from "node:http"
+import * as Net from "node:net"
 import type { AddressInfo } from "node:net"
 import type { Duplex } from "node:stream"
 import { fail, InferenceMessages } from "../errors/Catalog.js"
@@ -46,6 +47,8 @@ export interface ServerLimits extends ConnectionLimits, BusyLimits {
   readonly headers_timeout_seconds: number
   readonly body_timeout_seconds: number
   readonly keep_alive_seconds: number
+  /** Listening sockets per listener sharing its port (see `listen`); absent: one. */
+  readonly accept_sockets?: number | undefined
 }
 
 /** What the listeners are built from; the gateway config has every field. */
@@ -285,15 +288,48 @@ const afterNextPoll = Effect.callback<void>((resume) => {
   setImmediate(() => setImmediate(() => resume(Effect.void)))
 })
 
-const listen = (server: Http.Server, listener: Listener) =>
-  Effect.callback<number, NodeJS.ErrnoException>((resume) => {
-    const onError = (error: NodeJS.ErrnoException) => resume(Effect.fail(error))
-    server.once("error", onError)
-    server.listen(listener.port, listener.host, () => {
-      server.off("error", onError)
-      resume(Effect.succeed((server.address() as AddressInfo).port))
-    })
-  })
+/**
+ * Binds `listener` with `sockets` listening sockets sharing its port (`SO_REUSEPORT`, one: a plain listen). The
+ * event loop accepts one connection per listening socket per turn (libuv since 1.45), so on a saturated loop, where
+ * a turn takes milliseconds, one socket accepts a burst of new connections one turn at a time while the open ones
+ * are served: the 256th connection of a burst waited 3.5 s on one core. The kernel spreads new connections over the
+ * sockets; every connection goes to `server`, as if it had accepted it. Resolves with the bound port and the extra
+ * sockets (closed with the listener).
+ */
+export const listen = (server: Http.Server, listener: Listener, sockets: number) =>
+  Effect.callback<{ readonly port: number; readonly extra: ReadonlyArray<Net.Server> }, NodeJS.ErrnoException>(
+    (resume) => {
+      const shared = sockets > 1
+      const extra: Array<Net.Server> = []
+      let settled = false
+      const failed = (error: NodeJS.ErrnoException) => {
+        if (settled) return
+        settled = true
+        for (const socket of [server, ...extra]) if (socket.listening) socket.close()
+        resume(Effect.fail(error))
+      }
+      const bound = () => {
+        if (settled || extra.some((socket) => !socket.listening)) return
+        settled = true
+        resume(Effect.succeed({ port: (server.address() as AddressInfo).port, extra }))
+      }
+      server.once("error", failed)
+      server.listen({ port: listener.port, host: listener.host, reusePort: shared }, () => {
+        server.off("error", failed)
+        const port = (server.address() as AddressInfo).port
+        for (let i = 1; i < sockets; i++) {
+          // The options Node's HTTP server gives its own listening socket.
+          const socket = Net.createServer({ allowHalfOpen: true, noDelay: true }, (connection) =>
+            server.emit("connection", connection))
+          extra.push(socket)
+          socket.once("error", failed)
+          socket.once("listening", () => socket.off("error", failed))
+        }
+        for (const socket of extra) socket.listen({ port, host: listener.host, reusePort: true }, bound)
+        bound()
+      })
+    }
+  )
 
 /** What the route layers of `routes` require, all origins together. */
 type RoutesServices<Rs extends Routes<any>> = Layer.Services<Exclude<Rs[keyof Rs], undefined>>
@@ -312,6 +348,8 @@ export const layer = <Rs extends Routes<any>, RE = never>(
     const delay = settings.shutdown_delay_seconds
     const runFork = Effect.runForkWith(yield* Effect.context<never>())
     const servers: Array<Http.Server> = []
+    /** Every listening socket: the servers' own and the extra ones sharing their ports. */
+    const listening: Array<Net.Server> = []
     const closeIdle: Array<() => void> = []
     const bound: Array<Bound> = []
     let drained: Deferred.Deferred<void> | null = null
@@ -332,7 +370,7 @@ export const layer = <Rs extends Routes<any>, RE = never>(
       drained = yield* Deferred.make<void>()
       // Not ready from here on; still serving during the delay, so a load balancer can stop sending first.
       if (delay > 0) yield* Effect.sleep(Duration.seconds(delay))
-      const closed = servers.map((server) =>
+      const closed = listening.map((server) =>
         Effect.callback<void>((resume) => {
           server.close(() => resume(Effect.void))
         })
@@ -390,10 +428,11 @@ export const layer = <Rs extends Routes<any>, RE = never>(
       const guard = guardConnections(server, limits, addresses, (message) => runFork(Effect.logWarning(message)))
       refuseOversizedContinue(server, limits.body_bytes)
       answerClientErrors(server)
-      const port = yield* listen(server, listener).pipe(
+      const { extra, port } = yield* listen(server, listener, limits.accept_sockets ?? 1).pipe(
         Effect.mapError((error) => new ListenError({ message: listenMessage(listener, index, error) }))
       )
       servers.push(server)
+      listening.push(server, ...extra)
       guards.push(guard)
       gates.push(gated.gate)
       closeIdle.push(guard.drain)

@@ -78,6 +78,20 @@ const holdSilent = (gw: TestGateway, count: number, from: (i: number) => string)
     connect(gw.port, { from: from(i), holdOpen: true }).catch(() => null)
   )).then((all) => all.filter((c): c is RawConnection => c !== null))
 
+/**
+ * Like `holdSilent`, one connection at a time, each from its own address and accepted by the gateway before the
+ * next is opened: the order the gateway accepted them in is then theirs (its listening sockets share the port,
+ * and connections waiting on different ones are accepted in no set order).
+ */
+const holdSilentInOrder = async (gw: TestGateway, count: number, from: (i: number) => string) => {
+  const conns: Array<RawConnection> = []
+  for (let i = 0; i < count; i++) {
+    conns.push(await connect(gw.port, { from: from(i), holdOpen: true }))
+    await eventually(() => expect(serverSockets(gw.port, from(i))).toBe(1), 2_000)
+  }
+  return conns
+}
+
 /** Sends a header line every 200 ms and never ends the head. */
 const holdSlowHeaders = async (gw: TestGateway, count: number, from: string) => {
   const conns = await holdSilent(gw, count, () => from)
@@ -107,7 +121,7 @@ describe("connections that never complete a request", () => {
   })
 
   it("past the pending cap the oldest pending connection is closed, whatever its address", async () => {
-    const first = await holdSilent(guarded, PENDING, (i) => `127.0.1.${i + 1}`)
+    const first = await holdSilentInOrder(guarded, PENDING, (i) => `127.0.1.${i + 1}`)
     const later = await holdSilent(guarded, 5, (i) => `127.0.2.${i + 1}`)
     try {
       // The five oldest were evicted at once, long before the first-byte timeout.
