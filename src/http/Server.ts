@@ -294,7 +294,7 @@ const afterNextPoll = Effect.callback<void>((resume) => {
  * a turn takes milliseconds, one socket accepts a burst of new connections one turn at a time while the open ones
  * are served: the 256th connection of a burst waited 3.5 s on one core. The kernel spreads new connections over the
  * sockets; every connection goes to `server`, as if it had accepted it. Resolves with the bound port and the extra
- * sockets (closed with the listener).
+ * sockets (closed with the listener); a port another process listens on fails, as without sharing.
  */
 export const listen = (server: Http.Server, listener: Listener, sockets: number) =>
   Effect.callback<{ readonly port: number; readonly extra: ReadonlyArray<Net.Server> }, NodeJS.ErrnoException>(
@@ -313,8 +313,11 @@ export const listen = (server: Http.Server, listener: Listener, sockets: number)
         settled = true
         resume(Effect.succeed({ port: (server.address() as AddressInfo).port, extra }))
       }
-      server.once("error", failed)
-      server.listen({ port: listener.port, host: listener.host, reusePort: shared }, () => {
+      const bindListener = () => {
+        server.once("error", failed)
+        server.listen({ port: listener.port, host: listener.host, reusePort: shared }, onBound)
+      }
+      const onBound = () => {
         server.off("error", failed)
         const port = (server.address() as AddressInfo).port
         for (let i = 1; i < sockets; i++) {
@@ -327,7 +330,13 @@ export const listen = (server: Http.Server, listener: Listener, sockets: number)
         }
         for (const socket of extra) socket.listen({ port, host: listener.host, reusePort: true }, bound)
         bound()
-      })
+      }
+      // A fixed port is first bound alone, and released: a port another process holds (a second gateway with
+      // its own shared sockets too) fails the listen as it would without sharing, instead of being shared.
+      if (!shared || listener.port === 0) return bindListener()
+      const probe = Net.createServer()
+      probe.once("error", failed)
+      probe.listen({ port: listener.port, host: listener.host }, () => probe.close(bindListener))
     }
   )
 

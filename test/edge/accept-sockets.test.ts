@@ -94,4 +94,19 @@ describe("listening sockets per listener", () => {
       await new Promise((resolve) => taken.close(resolve))
     }
   })
+
+  it("a second listener on a port a gateway already shares is refused, not let in to share it", async () => {
+    const first = await serve(8)
+    const second = Http.createServer()
+    try {
+      const exit = await Effect.runPromiseExit(listen(second, { host: "127.0.0.1", port: first.port, origins: [] }, 8))
+      expect(exit._tag === "Failure" && JSON.stringify(exit.cause)).toContain("EADDRINUSE")
+      expect(second.listening).toBe(false)
+      // The first still gets every connection.
+      burst(first.port, 16)
+      await eventually(() => expect(first.counts).toEqual({ connections: 16, requests: 16 }), 10_000)
+    } finally {
+      await first.close()
+    }
+  })
 })
