@@ -327,7 +327,7 @@ export const LimitsConfig = Schema.Struct({
   /** Open connections per listener; beyond it new connections are refused. */
   connections: PositiveInt.pipe(withDefault(() => 4096)),
   /**
-   * Listening sockets per listener sharing its port (`SO_REUSEPORT`; Linux and the BSDs): the event loop accepts
+   * Listening sockets per listener sharing its port (`SO_REUSEPORT`; Linux and FreeBSD): the event loop accepts
    * one connection per socket per turn, and a saturated turn takes milliseconds (http/Server.ts, `listen`). 1: one
    * plain socket, the default where the platform has no `SO_REUSEPORT` balancing.
    */
