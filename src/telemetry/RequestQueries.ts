@@ -339,6 +339,11 @@ export interface Span {
   readonly from: Date
   readonly fromInclusive?: boolean
   readonly to?: Date
+  /**
+   * `to` is the present: the rows after it are the few written since, so its partial minute is always read as the
+   * minute's sums less those rows, never as the rows of the minute so far (up to a minute of rows under load).
+   */
+  readonly endsNow?: boolean
 }
 
 /**
@@ -346,8 +351,9 @@ export interface Span {
  * have), as summed rows: the whole minutes inside the span from `request_minutes` (kept by a trigger on every
  * insert, migration 0009), and each partial minute at its two ends from whichever side of the edge is shorter:
  * its rows from `request_log` (a short index range), or its minute's sums less the rows of the minute outside the
- * span (negative rows). A span that ends now thus reads the rows after now, which are none, instead of every row
- * of the current minute; a span's start reads at most half a minute of rows. The sums are exact whatever the
+ * span (negative rows); a span that `endsNow` always takes the second way at its end, reading the rows after now,
+ * which are none or few, instead of the rows of the current minute so far. A span's start reads at most half a
+ * minute of rows. The sums are exact whatever the
  * span's edges. Columns: `model_id`, `account_id`, `byok`, `at` (a row's time, a minute's start, or for an edge
  * summed from its minute the edge's whole-minute side), `requests`, `successes`, `failures` (MODEL_FAILURE),
  * `ttfb_sum`/`ttfb_count` and `tps_sum`/`tps_count` (successes with a figure), `input_tokens`, `output_tokens`.
@@ -399,7 +405,7 @@ export const spanned = (sql: SqlClient.SqlClient, where: Statement.Fragment, spa
     const to = span.to.getTime()
     const hiDate = new Date(hi)
     const end = new Date(hi + MINUTE_MS)
-    if (to - hi <= end.getTime() - to) parts.push(raw(sql`created_at >= ${hiDate} AND created_at <= ${span.to}`))
+    if (span.endsNow !== true && to - hi <= end.getTime() - to) parts.push(raw(sql`created_at >= ${hiDate} AND created_at <= ${span.to}`))
     else {
       parts.push(
         minutes(sql`minute = ${hiDate}`),
@@ -484,11 +490,11 @@ export const fleetRows = (
     // accounts, not the rows.
     const window = yield* sql<{ model_id: string; successes: number; failures: number }>`
       SELECT model_id, sum(successes)::int AS successes, sum(failures)::int AS failures
-      FROM ${spanned(sql, pool, { from: windowSince, to: now })} w GROUP BY model_id`
+      FROM ${spanned(sql, pool, { from: windowSince, to: now, endsNow: true })} w GROUP BY model_id`
     const speed = yield* sql<{ model_id: string; ttfb_ms: number | null; tps: number | null }>`
       SELECT model_id, (sum(ttfb_sum) / nullif(sum(ttfb_count), 0))::float8 AS ttfb_ms,
         (sum(tps_sum) / nullif(sum(tps_count), 0))::float8 AS tps
-      FROM ${spanned(sql, pool, { from: hourAgo, to: now })} h GROUP BY model_id`
+      FROM ${spanned(sql, pool, { from: hourAgo, to: now, endsNow: true })} h GROUP BY model_id`
 
     // The newest `recent` counted rows of each model: a few steps down the (model_id, created_at) index per model,
     // where numbering every row of the window (a window function) sorted the whole window on every refresh. Without
@@ -513,7 +519,7 @@ export const fleetRows = (
       SELECT model_id,
         floor(extract(epoch FROM (${now}::timestamptz - at)) * 1000 / ${SPARK_BUCKET_MS}::int)::int AS age,
         coalesce(sum(output_tokens), 0)::bigint AS output_tokens
-      FROM ${spanned(sql, pool, { from: sparkSince, to: now })} s
+      FROM ${spanned(sql, pool, { from: sparkSince, to: now, endsNow: true })} s
       GROUP BY 1, 2`
 
     const byModel = new Map<string, { window_successes: number; window_failures: number; ttfb_ms: number | null; tps: number | null }>()
@@ -585,7 +591,7 @@ export const serverRow = (sql: SqlClient.SqlClient, activeSince: Date, now: Date
       WHERE seen.account_id IS NOT NULL`
     const [output] = yield* sql<{ output_tokens: number }>`
       SELECT coalesce(sum(output_tokens), 0)::bigint AS output_tokens
-      FROM ${spanned(sql, sql`TRUE`, { from: tenMinutesAgo, to: now })} o`
+      FROM ${spanned(sql, sql`TRUE`, { from: tenMinutesAgo, to: now, endsNow: true })} o`
     return { users: users?.users ?? 0, output_tokens: output?.output_tokens ?? 0 }
   }).pipe(Effect.orDie)
 

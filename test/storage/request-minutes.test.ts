@@ -174,22 +174,30 @@ describe.each(backends(postgres))("request_minutes on $name", (backend) => {
           ["acc_2", sql`account_id = ${"acc_2"}`]
         ]
         const spans = fc.sample(
-          fc.record({ a: edge(rows), b: edge(rows), inclusive: fc.boolean(), open: fc.boolean(), where: fc.nat(wheres.length - 1) }),
+          fc.record({
+            a: edge(rows),
+            b: edge(rows),
+            inclusive: fc.boolean(),
+            open: fc.boolean(),
+            endsNow: fc.boolean(),
+            where: fc.nat(wheres.length - 1)
+          }),
           { numRuns: 120, seed: 7 }
         )
         // Edges picked by hand too: one minute exactly, within one minute, adjacent partial minutes.
         const handPicked = [
-          { a: BASE + MINUTE, b: BASE + 2 * MINUTE, inclusive: false, open: false, where: 0 },
-          { a: BASE + MINUTE, b: BASE + 2 * MINUTE, inclusive: true, open: false, where: 0 },
-          { a: BASE + MINUTE + 10_000, b: BASE + MINUTE + 50_000, inclusive: false, open: false, where: 0 },
-          { a: BASE + MINUTE + 30_000, b: BASE + 2 * MINUTE + 20_000, inclusive: false, open: false, where: 1 },
-          { a: BASE, b: BASE, inclusive: true, open: true, where: 0 }
+          { a: BASE + MINUTE, b: BASE + 2 * MINUTE, inclusive: false, open: false, endsNow: false, where: 0 },
+          { a: BASE + MINUTE, b: BASE + 2 * MINUTE, inclusive: true, open: false, endsNow: false, where: 0 },
+          { a: BASE + MINUTE + 10_000, b: BASE + MINUTE + 50_000, inclusive: false, open: false, endsNow: false, where: 0 },
+          { a: BASE + MINUTE + 30_000, b: BASE + 2 * MINUTE + 20_000, inclusive: false, open: false, endsNow: false, where: 1 },
+          { a: BASE + MINUTE + 30_000, b: BASE + 4 * MINUTE + 5_000, inclusive: false, open: false, endsNow: true, where: 0 },
+          { a: BASE, b: BASE, inclusive: true, open: true, endsNow: false, where: 0 }
         ]
         for (const [i, s] of [...handPicked, ...spans].entries()) {
           const span: Span = {
             from: new Date(Math.min(s.a, s.b)),
             fromInclusive: s.inclusive,
-            ...(s.open ? {} : { to: new Date(Math.max(s.a, s.b)) })
+            ...(s.open ? {} : { to: new Date(Math.max(s.a, s.b)), endsNow: s.endsNow })
           }
           const [label, where] = wheres[s.where]!
           const got = yield* throughMinutes(sql, where, span)
@@ -200,6 +208,19 @@ describe.each(backends(postgres))("request_minutes on $name", (backend) => {
         yield* expectAllSummed(sql, rows.length)
       }))
   }, 120_000)
+
+  it("a span that ends now reads its last partial minute as the minute's sums less the rows after now", async () => {
+    await onStore(backend, (sql) =>
+      Effect.gen(function*() {
+        // Five seconds into a minute: read as rows, the end reads [minute, now]; ending now, (now, minute + 1).
+        const span = (endsNow: boolean): Span => ({ from: new Date(BASE), fromInclusive: true, to: new Date(BASE + 2 * MINUTE + 5_000), endsNow })
+        const text = (s: Span) => sql`SELECT * FROM ${spanned(sql, sql`TRUE`, s)} s`.compile()[0]
+        expect(text(span(false))).toMatch(/created_at >= \$\d+ AND created_at <= \$\d+/)
+        expect(text(span(false))).not.toMatch(/created_at > \$\d+ AND created_at < \$\d+/)
+        expect(text(span(true))).toMatch(/created_at > \$\d+ AND created_at < \$\d+/)
+        expect(text(span(true))).not.toMatch(/created_at >= \$\d+ AND created_at <= \$\d+/)
+      }))
+  })
 
   it("rows written before the migration are summed by it; later inserts add to them", async () => {
     const rows = fc.sample(fixture, { numRuns: 200, seed: 23 })
