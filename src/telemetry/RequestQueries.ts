@@ -353,11 +353,11 @@ export interface Span {
  * its rows from `request_log` (a short index range), or its minute's sums less the rows of the minute outside the
  * span (negative rows); a span that `endsNow` always takes the second way at its end, reading the rows after now,
  * which are none or few, instead of the rows of the current minute so far. A span's start reads at most half a
- * minute of rows. The sums are exact whatever the
- * span's edges. Columns: `model_id`, `account_id`, `byok`, `at` (a row's time, a minute's start, or for an edge
- * summed from its minute the edge's whole-minute side), `requests`, `successes`, `failures` (MODEL_FAILURE),
- * `ttfb_sum`/`ttfb_count` and `tps_sum`/`tps_count` (successes with a figure), `input_tokens`, `output_tokens`.
- * Only sums over these rows are meaningful (some rows count negatively).
+ * minute of rows. The sums are exact whatever the span's edges. Columns: `model_id`, `account_id`, `byok`, `at`
+ * (a row's time, a minute's start, or for an edge summed from its minute the edge's whole-minute side),
+ * `requests`, `successes`, `failures` (MODEL_FAILURE), `ttfb_sum`/`ttfb_count` and `tps_sum`/`tps_count` (successes
+ * with a figure), `input_tokens`, `output_tokens`. Only sums over these rows are meaningful (some rows count
+ * negatively).
  */
 export const spanned = (sql: SqlClient.SqlClient, where: Statement.Fragment, span: Span): Statement.Fragment => {
   const from = span.from.getTime()
@@ -405,7 +405,8 @@ export const spanned = (sql: SqlClient.SqlClient, where: Statement.Fragment, spa
     const to = span.to.getTime()
     const hiDate = new Date(hi)
     const end = new Date(hi + MINUTE_MS)
-    if (span.endsNow !== true && to - hi <= end.getTime() - to) parts.push(raw(sql`created_at >= ${hiDate} AND created_at <= ${span.to}`))
+    const rowsSoFar = span.endsNow !== true && to - hi <= end.getTime() - to
+    if (rowsSoFar) parts.push(raw(sql`created_at >= ${hiDate} AND created_at <= ${span.to}`))
     else {
       parts.push(
         minutes(sql`minute = ${hiDate}`),

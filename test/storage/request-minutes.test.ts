@@ -184,7 +184,8 @@ describe.each(backends(postgres))("request_minutes on $name", (backend) => {
           }),
           { numRuns: 120, seed: 7 }
         )
-        // Edges picked by hand too: one minute exactly, within one minute, adjacent partial minutes.
+        // Edges picked by hand too: one minute exactly, within one minute, adjacent partial minutes, a span ending
+        // now five seconds into a minute.
         const handPicked = [
           { a: BASE + MINUTE, b: BASE + 2 * MINUTE, inclusive: false, open: false, endsNow: false, where: 0 },
           { a: BASE + MINUTE, b: BASE + 2 * MINUTE, inclusive: true, open: false, endsNow: false, where: 0 },
