@@ -4,9 +4,11 @@
  *   closed on accept;
  * - `limits.connections_per_address`: open connections from one client address (the TCP peer; trusted proxies
  *   are exempt, their clients are counted per request by the address rule); further ones are closed on accept;
- * - `limits.pending_connections`: connections that have not yet sent a complete request head. Past it the
- *   OLDEST such connection is closed to make room: a flood of silent or slow sockets evicts itself, while a real
- *   client, which sends its request at once, gets through;
+ * - `limits.pending_connections`: connections that have not yet sent a complete request head. Past it the oldest
+ *   such connection of the address holding the most of them is closed to make room (the oldest of all when
+ *   addresses hold as many): a flood of silent or slow sockets evicts itself, also while a real client's
+ *   connection waits to be read behind the flood's, and a real client, which sends its request at once, gets
+ *   through;
  * - `limits.first_byte_timeout_seconds`: a connection that sent no byte by then is closed without an answer
  *   (the headers timeout then covers a head that trickles).
  * It also knows which connections have a request in flight, for the drain at shutdown.
@@ -62,15 +64,33 @@ export const guardConnections = (
   }
   const sockets = new Set<Socket>()
   const inFlight = new Map<Socket, number>()
-  /** Accepted, no request head yet; insertion order is age order. Value: when accepted. */
-  const pending = new Map<Socket, number>()
+  /** Accepted, no request head yet; insertion order is age order. Value: when accepted, and from where. */
+  const pending = new Map<Socket, { readonly at: number; readonly address: string }>()
+  /** How many of `pending` each address holds (trusted proxies by their own address). */
+  const pendingFrom = new Map<string, number>()
   const perAddress = new Map<string, number>()
   let draining = false
 
+  const unpend = (socket: Socket) => {
+    const entry = pending.get(socket)
+    if (entry === undefined) return
+    pending.delete(socket)
+    const left = (pendingFrom.get(entry.address) ?? 1) - 1
+    if (left > 0) pendingFrom.set(entry.address, left)
+    else pendingFrom.delete(entry.address)
+  }
+  /** The oldest pending connection of the address holding the most (a scan of at most the pending cap). */
+  const evictee = (): Socket => {
+    let most = 0
+    for (const n of pendingFrom.values()) if (n > most) most = n
+    for (const [socket, entry] of pending) if (pendingFrom.get(entry.address) === most) return socket
+    return pending.keys().next().value!
+  }
+
   const sweep = setInterval(() => {
     const now = Date.now()
-    for (const [socket, at] of pending) {
-      if (now - at < firstByteMs) break
+    for (const [socket, entry] of pending) {
+      if (now - entry.at < firstByteMs) break
       if (socket.bytesRead === 0) socket.destroy()
     }
   }, SWEEP_MS)
@@ -94,8 +114,9 @@ export const guardConnections = (
       warnAtMostEveryMinute("cap", `connection cap of ${limits.connections} reached; refusing new connections`)
       return void socket.destroy()
     }
+    let address = socket.remoteAddress ?? ""
     if (!addresses.isTrustedProxy(socket.remoteAddress)) {
-      const address = addresses.of(socket.remoteAddress, undefined)
+      address = addresses.of(socket.remoteAddress, undefined)
       const open = perAddress.get(address) ?? 0
       if (open >= limits.connections_per_address) {
         warnAtMostEveryMinute(
@@ -108,19 +129,20 @@ export const guardConnections = (
       counted.set(socket, address)
     }
     if (pending.size >= limits.pending_connections) {
-      const oldest = pending.keys().next().value!
-      pending.delete(oldest)
-      oldest.destroy()
+      const evicted = evictee()
+      unpend(evicted)
+      evicted.destroy()
       warnAtMostEveryMinute(
         "pending",
-        `${limits.pending_connections} connections without a request; closing the oldest to make room`
+        `${limits.pending_connections} connections without a request; closing the oldest of the address holding the most to make room`
       )
     }
-    pending.set(socket, Date.now())
+    pending.set(socket, { at: Date.now(), address })
+    pendingFrom.set(address, (pendingFrom.get(address) ?? 0) + 1)
     sockets.add(socket)
     socket.once("close", () => {
       release(socket)
-      pending.delete(socket)
+      unpend(socket)
       sockets.delete(socket)
       inFlight.delete(socket)
     })
@@ -128,7 +150,7 @@ export const guardConnections = (
 
   server.on("request", (request: Http.IncomingMessage, response: Http.ServerResponse) => {
     const socket = request.socket
-    pending.delete(socket)
+    unpend(socket)
     inFlight.set(socket, (inFlight.get(socket) ?? 0) + 1)
     response.once("finish", () => {
       if (!closesAfter(response)) return

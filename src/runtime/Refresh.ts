@@ -4,9 +4,10 @@
  * value exists: they get the latest snapshot, however many they are. Users: the public status resources
  * (`status/Status.ts`) and the leaderboard of the account snapshot (`accounts/Leaderboard.ts`).
  *
- * - Single flight: a refresh under way is joined, never doubled (the background tick, a reader without a
- *   value, an explicit `refresh`). The work runs in the helper's scope, so an interrupted reader does not
- *   interrupt it.
+ * - Single flight: a refresh under way is joined, never doubled, by the background tick and by readers without a
+ *   value. An explicit `refresh` reflects every write made before it: it waits out a refresh that started
+ *   earlier, then starts one (or joins one started since). The work runs in the helper's scope, so an
+ *   interrupted reader does not interrupt it.
  * - A failed refresh keeps the previous snapshot (logged at most once a minute per resource); with none yet,
  *   readers wait for the next attempt.
  * - `usable` may reject a snapshot that is no longer right whatever its age (yesterday's leaderboard); readers
@@ -53,7 +54,7 @@ export interface Refresher<A> {
   readonly get: Effect.Effect<Snapshot<A>>
   /** The latest snapshot, never waiting (undefined before the first). */
   readonly peek: () => Snapshot<A> | undefined
-  /** Refreshes now (or joins the refresh under way) and returns the result. */
+  /** A refresh that starts after this call (one under way is waited out first, not joined), and its result. */
   readonly refresh: Effect.Effect<Snapshot<A>>
   /** Forgets the snapshot: the next `get` waits for a refresh. */
   readonly invalidate: Effect.Effect<void>
@@ -142,7 +143,8 @@ export const make = <A>(options: RefreshOptions<A>): Effect.Effect<Refresher<A>,
       if (current === undefined || snapshot.at >= current.at) current = snapshot
     }
 
-    const refresh: Effect.Effect<Snapshot<A>> = Effect.suspend(() => {
+    /** Joins the refresh under way, or starts one. */
+    const joinOrStart: Effect.Effect<Snapshot<A>> = Effect.suspend(() => {
       if (inflight !== undefined) return Deferred.await(inflight)
       const done = Deferred.makeUnsafe<Snapshot<A>>()
       inflight = done
@@ -158,14 +160,20 @@ export const make = <A>(options: RefreshOptions<A>): Effect.Effect<Refresher<A>,
       return Effect.andThen(Effect.forkIn(run, scope), Deferred.await(done))
     })
 
+    const refresh: Effect.Effect<Snapshot<A>> = Effect.suspend(() => {
+      const earlier = inflight
+      // Whatever the earlier one's outcome; one under way once it ends started after this call.
+      return earlier === undefined ? joinOrStart : Effect.andThen(Effect.exit(Deferred.await(earlier)), joinOrStart)
+    })
+
     const get: Effect.Effect<Snapshot<A>> = Effect.suspend(() => {
       const snapshot = current
-      if (snapshot === undefined) return refresh
+      if (snapshot === undefined) return joinOrStart
       if (usable === undefined) return Effect.succeed(snapshot)
       return Effect.flatMap(Clock.currentTimeMillis, (now) => {
         if (usable(snapshot, now)) return Effect.succeed(snapshot)
         // A refresh that started before the snapshot went out of date may bring one as old: then once more.
-        return Effect.flatMap(refresh, (next) => (usable(next, now) ? Effect.succeed(next) : refresh))
+        return Effect.flatMap(joinOrStart, (next) => (usable(next, now) ? Effect.succeed(next) : joinOrStart))
       })
     })
 
@@ -181,7 +189,7 @@ export const make = <A>(options: RefreshOptions<A>): Effect.Effect<Refresher<A>,
         )
       })
 
-    const tick = refresh.pipe(
+    const tick = joinOrStart.pipe(
       Effect.asVoid,
       Effect.catchCause((cause) => (Cause.hasInterruptsOnly(cause) ? Effect.failCause(cause) : logFailure(cause)))
     )

@@ -37,8 +37,55 @@ const modules = () => ({
 })
 
 // Plain JavaScript loaded as an ES module (a data: URL) in the worker: no loader or build step is involved.
+//
+// groupMessages replaces the socket server's queue loop. Its loop runs one wire message at a time and takes the
+// next from whichever connection sent it, except inside a transaction. The extended protocol's unnamed statement
+// and portal live from Parse to Sync in the one PGlite session all connections share, so another connection's
+// message in between (the operator CLI attached to a running gateway) replaced them: a query answered with
+// another's rows, or "portal does not exist". Here a connection that has begun a group of messages keeps the
+// session until the group ends (Sync, a simple Query, CopyDone or CopyFail, Terminate), as a transaction keeps it
+// until it ends; a failed message no longer stops the loop for good.
 const WORKER_SOURCE = `
 import { parentPort, workerData } from "node:worker_threads"
+const groupMessages = (queue, db) => {
+  // S Sync, Q Query, c CopyDone, f CopyFail, X Terminate; 0: a startup packet (its length's first byte).
+  const ENDS_GROUP = new Set([0x53, 0x51, 0x63, 0x66, 0x58, 0x00])
+  let groupOf = null
+  queue.processQueue = async function() {
+    if (this.processing || this.queue.length === 0) return
+    this.processing = true
+    try {
+      while (this.queue.length > 0) {
+        const owner = groupOf ?? (db.isInTransaction() ? this.lastHandlerId : null)
+        let item
+        if (owner === null || owner === undefined) item = this.queue.shift()
+        else {
+          const at = this.queue.findIndex((queued) => queued.handlerId === owner)
+          if (at === -1) break
+          item = this.queue.splice(at, 1)[0]
+        }
+        try {
+          const size = await db.runExclusive(() => db.execProtocolRawStream(item.message, { onRawData: item.onData }))
+          this.lastHandlerId = item.handlerId
+          groupOf = ENDS_GROUP.has(item.message[0]) ? null : item.handlerId
+          item.resolve(size ?? 0)
+        } catch (error) {
+          groupOf = null
+          item.reject(error)
+        }
+      }
+    } finally {
+      this.processing = false
+    }
+  }
+  const clearTransaction = queue.clearTransactionIfNeeded.bind(queue)
+  // A connection gone in the middle of a group gives the session back.
+  queue.clearTransactionIfNeeded = async function(handlerId) {
+    if (groupOf === handlerId) groupOf = null
+    await clearTransaction(handlerId)
+    await this.processQueue()
+  }
+}
 const { PGlite } = await import(workerData.modules.pglite)
 const { PGLiteSocketServer } = await import(workerData.modules.socket)
 let db
@@ -49,6 +96,7 @@ try {
   process.exit(1)
 }
 const server = new PGLiteSocketServer({ db, path: workerData.socketPath, maxConnections: workerData.maxConnections })
+groupMessages(server.queryQueue, db)
 try {
   await server.start()
 } catch (error) {

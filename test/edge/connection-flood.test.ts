@@ -136,6 +136,27 @@ describe("connections that never complete a request", () => {
     }
   })
 
+  it("past the pending cap a flood from one address evicts its own connections, not another address's older one", async () => {
+    // A client whose head the gateway has not finished reading (here: sent in two parts) when a flood arrives.
+    const client = await connect(guarded.port, { from: "127.0.5.1" })
+    await client.write("GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+    await eventually(() => expect(serverSockets(guarded.port, "127.0.5.1")).toBe(1), 2_000)
+    const flood = await holdSilent(guarded, PENDING + 5, () => "127.0.5.2")
+    try {
+      await eventually(() => {
+        // The cap holds the client and PENDING - 1 of the flood.
+        const evicted = flood.filter((c) => c.received().length === 0 && c.socket.readableEnded).length
+        expect(evicted).toBe(6)
+      }, 1_500)
+      expect(client.socket.readableEnded).toBe(false)
+      await client.write(`authorization: Bearer ${guarded.key}\r\n\r\n`)
+      expect((await client.response(5_000)).status).toBe(200)
+    } finally {
+      client.destroy()
+      for (const c of flood) c.destroy()
+    }
+  })
+
   it("a connection that sends no byte is closed after first_byte_timeout_seconds, without an answer", async () => {
     const conn = await connect(guarded.port, { from: "127.0.4.1" })
     const started = Date.now()

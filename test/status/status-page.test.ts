@@ -104,7 +104,7 @@ describe.skipIf(!hasChromium)(`status page in ${CHROMIUM} (skipped when it is no
     // The sparkline is an SVG polyline whose last point is above the baseline (output in the last 10 minutes).
     const points = (await row.locator("svg.spark polyline").getAttribute("points"))!.split(" ")
     expect(points).toHaveLength(7)
-    expect(Number(points[6]!.split(",")[1])).toBeLessThan(Number(points[0]!.split(",")[1]))
+    expect(Number(points[6]!.split(",")[1]), `sparkline ${points.join(" ")}`).toBeLessThan(Number(points[0]!.split(",")[1]))
     expect(await page.locator("#summary").textContent()).toContain("진행 중인 장애 1건")
     expect(await page.locator("#incidents > li").count()).toBe(2)
     expect(await page.locator("#quota .quota-row").count()).toBe(4)
