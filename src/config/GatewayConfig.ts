@@ -346,7 +346,7 @@ export const LimitsConfig = Schema.Struct({
   /**
    * The busy gate (http/BusyGate.ts): while the event loop is busy at least `busy_utilization` of the time,
    * requests that do work past `busy_concurrency` unanswered ones (per listener; 0: off; absent: 8 per MB of
-   * young-generation semi-space, 64 embedded and 256 in production) wait, at most `busy_max_wait_ms`, before
+   * young-generation semi-space, 32 embedded and 256 in production) wait, at most `busy_max_wait_ms`, before
    * they are read; a request counts for at most `busy_max_wait_ms`.
    */
   busy_concurrency: Schema.optional(NonNegativeInt),

@@ -36,7 +36,7 @@ export interface BusyLimits {
 }
 
 /**
- * The default of `busy_concurrency`: 8 per MB of semi-space (64 in embedded mode's 8 MB, 256 in production's 32
+ * The default of `busy_concurrency`: 8 per MB of semi-space (32 in embedded mode's 4 MB, 256 in production's 32
  * MB), so that what the working requests keep alive (~27 KB each, measured) stays a fifth of one semi-space and
  * most of it dies young; 64 when V8 sizes the young generation itself.
  */

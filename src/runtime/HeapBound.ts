@@ -12,9 +12,10 @@
 
 /**
  * Semi-space cap in MB applied under a heap bound in embedded mode, where the embedded database leaves little room
- * under the memory line; measured in docs/decisions.md ("Heap bound on Node 24").
+ * under the memory line; measured in docs/decisions.md ("Heap bound on Node 24", "The embedded young generation at
+ * 4 MB").
  */
-export const SEMI_SPACE_MB = 8
+export const SEMI_SPACE_MB = 4
 
 /**
  * Semi-space cap in MB in production mode (no database in the process). Each request waits on Redis twice, so more

@@ -9,6 +9,7 @@ import * as Os from "node:os"
 import * as Path from "node:path"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { cleanEnv, closedPort, type Running, startNode } from "./spawn.js"
+import { SEMI_SPACE_MB } from "../../src/runtime/HeapBound.js"
 
 const outDir = Path.join("test-artifacts", `bundle-${process.pid}`)
 const tmp = Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-bundle-"))
@@ -56,7 +57,7 @@ describe("the bundled build (dist/ of npm run build)", () => {
 
   it("restarts itself with the young-generation cap before loading the gateway", () => {
     const cmdline = Fs.readFileSync(`/proc/${gw.pid}/cmdline`, "utf8").split("\0")
-    expect(cmdline).toContain("--max-semi-space-size=8")
+    expect(cmdline).toContain(`--max-semi-space-size=${SEMI_SPACE_MB}`)
     expect(cmdline).toContain("--max-old-space-size=160")
   })
 
