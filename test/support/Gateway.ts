@@ -2,6 +2,7 @@ import { Effect, type Layer, ManagedRuntime } from "effect"
 import * as Fs from "node:fs"
 import * as Os from "node:os"
 import * as Path from "node:path"
+import { inject } from "vitest"
 import * as Yaml from "yaml"
 import { appLayer, type AppOptions, ensureDevAccount } from "../../src/App.js"
 import { loadConfig } from "../../src/config/GatewayConfig.js"
@@ -36,6 +37,8 @@ export interface GatewayOptions {
   readonly logSink?: AppOptions["logSink"]
   /** The deployment balancer's chance (a seeded generator makes choices repeatable). */
   readonly deploymentRandom?: AppOptions["deploymentRandom"]
+  /** Embedded mode: let the gateway initialise its database cluster itself instead of copying the run's one. */
+  readonly initdb?: boolean
 }
 
 type AppServices = Layer.Success<ReturnType<typeof appLayer>>
@@ -54,9 +57,22 @@ export interface TestGateway {
   readonly stop: () => Promise<void>
 }
 
+/**
+ * Copies the run's empty PGlite cluster (test/support/globalSetup.ts) to where embedded mode keeps its database
+ * (`<data folder>/pglite`), so the gateway opens it instead of running initdb. The gateway makes the copied files
+ * private and runs its migrations as on any start.
+ */
+export const seedEmbeddedCluster = (dataDir: string): void => {
+  Fs.mkdirSync(dataDir, { recursive: true, mode: 0o700 })
+  Fs.cpSync(inject("pgliteTemplate"), Path.join(dataDir, "pglite"), { recursive: true })
+}
+
 /** Boots the whole gateway in this process on a random loopback port. */
 export const startGateway = async (options: GatewayOptions = {}): Promise<TestGateway> => {
   const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-test-"))
+  if (options.databaseUrl === undefined && options.dataDir === undefined && options.initdb !== true) {
+    seedEmbeddedCluster(Path.join(dir, "data"))
+  }
   const configPath = Path.join(dir, "gateway.yaml")
   let doc = defaultConfigDoc()
   options.configure?.(doc)
