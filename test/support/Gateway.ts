@@ -37,8 +37,6 @@ export interface GatewayOptions {
   readonly logSink?: AppOptions["logSink"]
   /** The deployment balancer's chance (a seeded generator makes choices repeatable). */
   readonly deploymentRandom?: AppOptions["deploymentRandom"]
-  /** Embedded mode: let the gateway initialise its database cluster itself instead of copying the run's one. */
-  readonly initdb?: boolean
 }
 
 type AppServices = Layer.Success<ReturnType<typeof appLayer>>
@@ -70,7 +68,7 @@ export const seedEmbeddedCluster = (dataDir: string): void => {
 /** Boots the whole gateway in this process on a random loopback port. */
 export const startGateway = async (options: GatewayOptions = {}): Promise<TestGateway> => {
   const dir = Fs.mkdtempSync(Path.join(Os.tmpdir(), "wellspring-test-"))
-  if (options.databaseUrl === undefined && options.dataDir === undefined && options.initdb !== true) {
+  if (options.databaseUrl === undefined && options.dataDir === undefined) {
     seedEmbeddedCluster(Path.join(dir, "data"))
   }
   const configPath = Path.join(dir, "gateway.yaml")
