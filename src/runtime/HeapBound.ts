@@ -1,6 +1,6 @@
 /**
- * V8's heap settings the gateway runs with: no allocation-site pretenuring, young-generation sizing under a heap
- * bound (and, in embedded mode, the WebAssembly tier and malloc arenas).
+ * V8's settings the gateway runs with: no allocation-site pretenuring, an earlier optimizing tier-up,
+ * young-generation sizing under a heap bound (and, in embedded mode, the WebAssembly tier and malloc arenas).
  *
  * Since V8 13 (Node 24), the young generation is sized from the machine's memory, not from
  * `--max-old-space-size`: on a 24 GB host each semi-space is 64 MB. Under `--max-old-space-size=160` the heap
@@ -25,6 +25,14 @@ export const SEMI_SPACE_MB = 4
  */
 export const PRODUCTION_SEMI_SPACE_MB = 32
 
+/**
+ * Calls of a function before V8 optimizes it with TurboFan (V8's default: 3,000). Measured with `--trace-opt`, the
+ * functions a request runs through reached TurboFan only after 10,000-15,000 requests, so a fresh process served
+ * its first ~5 s of load on Maglev code while compiling; at 1,000 they are optimized within ~3,500 requests
+ * (docs/decisions.md, "TurboFan sooner after a start").
+ */
+export const TURBOFAN_INVOCATIONS = 1000
+
 const flagsOf = (execArgv: ReadonlyArray<string>, nodeOptions: string | undefined): ReadonlyArray<string> => [
   ...execArgv,
   ...(nodeOptions ?? "").split(/\s+/).filter((s) => s.length > 0)
@@ -37,13 +45,14 @@ const hasFlag = (flags: ReadonlyArray<string>, name: string): boolean => {
 }
 
 /**
- * The node arguments to restart with, or null when the process should run as it is. Three flags may be added:
+ * The node arguments to restart with, or null when the process should run as it is. Four flags may be added:
  * - `--no-allocation-site-pretenuring` unless the operator chose either form: V8 allocates the objects of an
  *   allocation site straight into the old generation once most of them survived a scavenge, and under load a
  *   request's own objects qualify (a scavenge finds the requests in flight). Those old objects then point at the
  *   young ones of their request, which survive every scavenge until the next mark-compact: measured, 6.8 KB promoted
  *   per request and a mark-compact every ~200 ms, against 1.2 KB without it; 30 % less CPU per request
  *   (docs/decisions.md, "No generator function per request");
+ * - `--invocation-count-for-turbofan=TURBOFAN_INVOCATIONS` unless the operator chose a count;
  * - `--max-semi-space-size` under a heap bound (`--max-old-space-size`) unless the operator chose a size:
  *   `SEMI_SPACE_MB` in embedded mode, `PRODUCTION_SEMI_SPACE_MB` in production;
  * - `--liftoff-only` in embedded mode (no `DATABASE_URL`) unless the operator chose a WebAssembly tier: V8's
@@ -64,6 +73,9 @@ export const boundedRestartArgs = (input: {
   const added: Array<string> = []
   if (!hasFlag(flags, "--allocation-site-pretenuring") && !hasFlag(flags, "--no-allocation-site-pretenuring")) {
     added.push("--no-allocation-site-pretenuring")
+  }
+  if (!hasFlag(flags, "--invocation-count-for-turbofan")) {
+    added.push(`--invocation-count-for-turbofan=${TURBOFAN_INVOCATIONS}`)
   }
   if (hasFlag(flags, "--max-old-space-size") && !hasFlag(flags, "--max-semi-space-size")) {
     added.push(`--max-semi-space-size=${input.embedded === false ? PRODUCTION_SEMI_SPACE_MB : SEMI_SPACE_MB}`)

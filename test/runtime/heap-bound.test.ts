@@ -8,23 +8,38 @@ import {
   boundedRestartEnv,
   MALLOC_ARENAS,
   PRODUCTION_SEMI_SPACE_MB,
-  SEMI_SPACE_MB
+  SEMI_SPACE_MB,
+  TURBOFAN_INVOCATIONS
 } from "../../src/runtime/HeapBound.js"
 
 const base = { nodeOptions: undefined, optOut: undefined, canExec: true }
 const NO_PRETENURING = "--no-allocation-site-pretenuring"
-/** The same restart with the operator's choice of pretenuring, so each test below isolates its own flag. */
-const chosen = ["--allocation-site-pretenuring"]
+const TIER_UP = `--invocation-count-for-turbofan=${TURBOFAN_INVOCATIONS}`
+/** The same restart with the operator's choice of pretenuring and tier-up, so each test below isolates its own flag. */
+const chosen = ["--allocation-site-pretenuring", "--invocation-count-for-turbofan=3000"]
 
 describe("heap bound: young generation capped under --max-old-space-size", () => {
   it("turns allocation-site pretenuring off unless the operator chose either form, in both modes", () => {
-    expect(boundedRestartArgs({ ...base, execArgv: [] })).toEqual([NO_PRETENURING])
-    expect(boundedRestartArgs({ ...base, execArgv: ["--inspect"], embedded: false })).toEqual(["--inspect", NO_PRETENURING])
-    expect(boundedRestartArgs({ ...base, execArgv: [NO_PRETENURING] })).toBeNull()
-    expect(boundedRestartArgs({ ...base, execArgv: ["--allocation_site_pretenuring"] })).toBeNull()
-    expect(boundedRestartArgs({ ...base, execArgv: [], nodeOptions: "--allocation-site-pretenuring" })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [TIER_UP] })).toEqual([TIER_UP, NO_PRETENURING])
+    expect(boundedRestartArgs({ ...base, execArgv: ["--inspect", TIER_UP], embedded: false }))
+      .toEqual(["--inspect", TIER_UP, NO_PRETENURING])
+    expect(boundedRestartArgs({ ...base, execArgv: [NO_PRETENURING, TIER_UP] })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: ["--allocation_site_pretenuring", TIER_UP] })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: [TIER_UP], nodeOptions: "--allocation-site-pretenuring" })).toBeNull()
     expect(boundedRestartArgs({ ...base, execArgv: [], optOut: "0" })).toBeNull()
     expect(boundedRestartArgs({ ...base, execArgv: [], canExec: false })).toBeNull()
+  })
+
+  it("adds the TurboFan tier-up count unless the operator chose one, in both modes", () => {
+    const pretenuring = ["--allocation-site-pretenuring"]
+    expect(TURBOFAN_INVOCATIONS).toBeLessThan(3000)
+    expect(boundedRestartArgs({ ...base, execArgv: pretenuring, embedded: false })).toEqual([...pretenuring, TIER_UP])
+    expect(boundedRestartArgs({ ...base, execArgv: ["--no-liftoff-only", ...pretenuring], embedded: true }))
+      .toEqual(["--no-liftoff-only", ...pretenuring, TIER_UP])
+    expect(boundedRestartArgs({ ...base, execArgv: [...pretenuring, "--invocation_count_for_turbofan=500"] })).toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: pretenuring, nodeOptions: "--invocation-count-for-turbofan=3000" }))
+      .toBeNull()
+    expect(boundedRestartArgs({ ...base, execArgv: pretenuring, optOut: "0" })).toBeNull()
   })
 
   it("adds the semi-space cap only when the heap is bounded and the operator chose none", () => {
@@ -88,7 +103,7 @@ describe("heap bound: young generation capped under --max-old-space-size", () =>
       const env: Record<string, string | undefined> = { ...process.env, WELLSPRING_HEAP_TUNING: "" }
       delete env["DATABASE_URL"]
       delete env["MALLOC_ARENA_MAX"]
-      // --liftoff-only given: only the environment is missing, and one restart adds it.
+      // --liftoff-only given: the environment (and the tier-up count) are missing, and one restart adds them.
       const run = spawnSync(process.execPath, ["--liftoff-only", "--import", "tsx", script], { encoding: "utf8", env })
       expect(run.status).toBe(0)
       const lines = run.stdout.trim().split("\n").map((l) => JSON.parse(l) as { pid: number; arenas: string | null; args: string[] })
@@ -108,6 +123,7 @@ describe("heap bound: young generation capped under --max-old-space-size", () =>
       const { applyHeapBound } = await import(${JSON.stringify(module)})
       console.log(JSON.stringify({ pid: process.pid, args: process.execArgv.filter((a) => a.startsWith("--max")),
         pretenuring: process.execArgv.filter((a) => a.includes("pretenuring")),
+        tierUp: process.execArgv.filter((a) => a.includes("invocation-count")),
         limitMb: Math.round(v8.getHeapStatistics().heap_size_limit / 1048576) }))
       applyHeapBound()
     `)
@@ -118,12 +134,13 @@ describe("heap bound: young generation capped under --max-old-space-size", () =>
       })
       expect(run.status).toBe(0)
       const lines = run.stdout.trim().split("\n").map((l) =>
-        JSON.parse(l) as { pid: number; args: string[]; pretenuring: string[]; limitMb: number }
+        JSON.parse(l) as { pid: number; args: string[]; pretenuring: string[]; tierUp: string[]; limitMb: number }
       )
       const last = lines.at(-1)!
       // Production mode (DATABASE_URL set): the larger young generation.
       expect(last.args).toEqual(["--max-old-space-size=160", `--max-semi-space-size=${PRODUCTION_SEMI_SPACE_MB}`])
       expect(lines.map((l) => l.pretenuring)).toEqual([[], [NO_PRETENURING]])
+      expect(lines.map((l) => l.tierUp)).toEqual([[], [TIER_UP]])
       expect(lines.every((l) => l.pid === lines[0]!.pid)).toBe(true)
       // Old space 160 MB plus a young generation of three capped semi-spaces.
       expect(last.limitMb).toBeLessThanOrEqual(160 + 3 * PRODUCTION_SEMI_SPACE_MB + 8)
